@@ -1,0 +1,133 @@
+"""The maze agent: a Strands agent walks a grid maze with one tool, ``move``, rewarded inside the agent.
+
+Each rollout's row names a maze (``{"seed": 17, "size": 5}``, or ``{"maze": {...}}``, or either as a
+JSON string). The model sees text observations (``render.py``): the first in the user message, then
+one after every move as the tool result. The episode ends at the goal or when the move limit is
+spent; the agent then stops without another model call. The model may also stop on its own by
+answering in plain text instead of calling ``move``. Reward: 1.0 only when the goal was reached
+within the move limit, else 0.0 (also when the model endpoint refused to play, e.g. with a 400).
+
+Run locally with ``python -m agents.maze.main`` (port 8080), then ``rft smoke http://localhost:8080
+--payload agents/maze/payloads/smoke.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+
+import openai
+from strands import Agent, ToolContext, tool
+from strands.agent.conversation_manager import NullConversationManager
+from strands.tools.executors import SequentialToolExecutor
+from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
+from strands.types.tools import AgentTool
+
+from agents.maze.dataset import row_maze
+from agents.maze.env import Maze, MazeGame
+from agents.maze.render import start_text, step_text
+from handlers import RolloutContext, rft_app
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are in a grid maze. Reach the goal within the move limit by calling move, one step per call. "
+    "Each observation gives the goal's offset, the moves left, and for each direction whether it is a "
+    "wall or brings you closer to or farther from the goal."
+)
+
+
+def parse_maze(row: Any) -> Maze:
+    """The maze a row names: an object (see ``dataset.row_maze``) or that object as a JSON string."""
+    if isinstance(row, str):
+        try:
+            row = json.loads(row)
+        except json.JSONDecodeError as error:
+            raise ValueError(f'the prompt must be a JSON object like {{"seed": 17, "size": 5}}: {error}') from error
+    if not isinstance(row, dict):
+        raise ValueError(f'the prompt must be an object like {{"seed": 17, "size": 5}}, got {row!r}')
+    return row_maze(row)
+
+
+def move_tool(game: MazeGame) -> AgentTool:
+    """The ``move`` tool bound to one episode; it stops the agent once the episode is over."""
+
+    @tool(name="move", context=True)
+    def move(direction: Literal["up", "down", "left", "right"], tool_context: ToolContext) -> str:
+        """Move one cell in the maze.
+
+        Args:
+            direction: up, down, left or right.
+        """
+        if game.done:
+            return "The episode is over."
+        result = game.step(direction)
+        if result.done:
+            # Let the rest of this tool batch answer, then end without another model call.
+            tool_context.agent.cancel(after_current_tools=True)
+        return step_text(game, result)
+
+    return move
+
+
+def build_agent(game: MazeGame, model: Any) -> Agent:
+    """The Strands agent that plays ``game`` through ``model``."""
+    return Agent(
+        model=model,
+        tools=[move_tool(game)],
+        system_prompt=SYSTEM_PROMPT,
+        # Keep the transcript whole: the trainer needs each prompt to extend the previous one.
+        conversation_manager=NullConversationManager(),
+        # Moves in one batch are played in order, not concurrently.
+        tool_executor=SequentialToolExecutor(),
+        callback_handler=None,
+    )
+
+
+def ends_episode(error: BaseException) -> bool:
+    """True for model-endpoint errors that end the episode as it stands instead of failing the rollout.
+
+    A 400 (``Could not find job``, or a request the policy refuses), a context overflow and a
+    truncated answer are outcomes of play; anything else (403, 5xx, a dropped connection) is an
+    infrastructure failure and propagates, so the rollout is reported failed rather than scored.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(
+            current, openai.BadRequestError | ContextWindowOverflowException | MaxTokensReachedException
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+async def rollout(row: Any, ctx: RolloutContext) -> dict[str, Any]:
+    """Play one maze against the policy and return its reward with a few metrics."""
+    game = MazeGame(parse_maze(row))
+    agent = build_agent(game, ctx.strands_model())
+    try:
+        await agent.invoke_async(start_text(game))
+    except Exception as error:
+        if not ends_episode(error):
+            raise
+        logger.info("rollout %s ended by the model endpoint: %s", ctx.rollout_id, error)
+    logger.info(
+        "rollout %s: %s after %d of %d moves",
+        ctx.rollout_id,
+        "goal" if game.reached_goal else "no goal",
+        len(game.moves),
+        game.maze.move_limit,
+    )
+    return {
+        "reward": game.reward,
+        "metrics": {"solved": game.reward, "moves": float(len(game.moves))},
+    }
+
+
+app = rft_app(rollout, row_format="json")
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,95 @@
+"""The template agent: the smallest useful rftkit agent. Copy this directory and change three things:
+the task (what a row holds and what the agent is asked), the tools, and the reward.
+
+The task here: answer an arithmetic question with the help of a ``calculate`` tool. A row is
+``{"question": "What is 12 * (3 + 4)?", "answer": 84}`` (or that object as a JSON string).
+
+Run locally with ``python agents/template/main.py`` (port 8080), then
+``rft smoke http://localhost:8080 --payload agents/template/payloads/smoke.json``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from typing import Any
+
+import openai
+from strands import Agent, tool
+
+from handlers import RolloutContext, rft_app
+
+SYSTEM_PROMPT = (
+    "Answer the arithmetic question. Use the calculate tool for every computation, "
+    "then give the final answer as a number on the last line."
+)
+SOLVED_REWARD = 1.0
+WRONG_REWARD = 0.0
+# The model endpoint refused to play (for example `rft smoke`'s 400 "Could not find job"): below any
+# played episode, so a model that plays is always preferred.
+NO_PLAY_REWARD = -1.0
+
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
+
+
+def evaluate(expression: str) -> float:
+    """Evaluate + - * / and parentheses over numbers; anything else raises ValueError."""
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        raise ValueError(f"unsupported syntax: {ast.dump(node)[:60]}")
+
+    try:
+        return walk(ast.parse(expression, mode="eval").body)
+    except SyntaxError as error:
+        raise ValueError(f"not an expression: {error.msg}") from error
+
+
+@tool
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: numbers with + - * / and parentheses, for example "12 * (3 + 4)".
+    """
+    try:
+        return f"{evaluate(expression):g}"
+    except (ValueError, ZeroDivisionError) as error:
+        return f"cannot evaluate {expression!r}: {error}"
+
+
+def reward(final_text: str, answer: float) -> float:
+    """1.0 when the last number in the final answer is the expected one, else 0.0."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", final_text.replace(",", ""))
+    return SOLVED_REWARD if numbers and abs(float(numbers[-1]) - answer) < 1e-6 else WRONG_REWARD
+
+
+async def rollout(row: dict[str, Any], ctx: RolloutContext) -> float:
+    """Play one episode; async, so it must never block (the app runs every async rollout on one loop)."""
+    agent = Agent(
+        model=ctx.strands_model(), tools=[calculate], system_prompt=SYSTEM_PROMPT, callback_handler=None
+    )
+    try:
+        result = await agent.invoke_async(row["question"])
+    except openai.BadRequestError:
+        # Any other error propagates: the rollout is reported failed, never scored as zero.
+        return NO_PLAY_REWARD
+    return reward(str(result), float(row["answer"]))
+
+
+app = rft_app(rollout, row_format="json")
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,54 @@
+"""The ``rft`` command. Each subcommand lives in its own module, imported only when it runs, so the
+agent side (``rft smoke``) works in a container without torch."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module:function taking argv and returning an exit code, one-line summary)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "smoke": ("handlers.smoke:main", "check that a deployed agent parses, calls its model and reports"),
+    "serve": ("policy_server.cli:main", "serve a model through the OpenAI-compatible policy gateway"),
+    "tiny-model": ("policy_server.tiny_model:main", "build a tiny Llama and tokenizer offline"),
+    "sft": ("trainer.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
+    "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),
+    "demo": ("trainer.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: rft COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    lines += ["", "Run `rft COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"rft: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    target, _ = SUBCOMMANDS[name]
+    module_name, function_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("torch", "transformers", "peft", "tokenizers"):
+            print(
+                f"rft {name} needs the training extras ({exc.name} is not installed): "
+                "pip install 'rftkit[train]'",
+                file=sys.stderr,
+            )
+            return 2
+        raise
+    return int(getattr(module, function_name)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""``rft smoke TARGET``: prove a deployed agent parses its payload, calls its model and reports, before any
+GPU time is spent.
+
+For an agent URL, ``rft smoke`` serves, for the length of the check, the policy endpoint it writes into
+the payload: every model call is answered ``400 Could not find job`` (no job of that id is served), and
+the calls' headers and the feedback posts are recorded. A healthy agent comes back with its no-play
+reward, having called the model with the rollout's headers and reported that reward. For an AgentCore
+runtime ARN the agent cannot reach this machine, so the report lists what could not be verified.
+
+Exit codes: 0 healthy; 1 the agent answered but something is missing (partial); 2 the check could not
+run (bad arguments, payload file or AWS credentials); 3 the agent (or AgentCore) answered an error;
+4 access denied (403); 5 the agent is not reachable (connection refused or no answer in time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from handlers.protocol import (
+    JOB_ARN_HEADER,
+    JOB_NOT_FOUND_MESSAGE,
+    TRAJECTORY_ID_HEADER,
+    RolloutMetadata,
+    RolloutPayload,
+)
+from handlers.smoke_endpoint import Recording, recording_app, serve_in_thread
+
+DEFAULT_PAYLOAD_PATH = Path("payloads") / "smoke.json"
+DEFAULT_TIMEOUT_S = 60.0
+# Reports an agent posts after answering still count if they arrive within this grace period.
+REPORT_GRACE_S = 1.0
+
+BUILTIN_PAYLOAD: dict[str, Any] = {
+    "prompt": "{}",
+    "metadata": {
+        "jobArn": "arn:aws:sagemaker:us-east-1:000000000000:training-job/rftkit-smoke",
+        "rolloutId": "rftkit-smoke-0",
+    },
+    "inferenceParams": {"temperature": 1.0, "maxTokens": 256},
+}
+
+HEALTHY_SENTENCE = (
+    "parsing, authentication and error reporting work; start a training job to get real rollouts"
+)
+NOT_STARTING_SENTENCE = (
+    "the server is not starting: is app.run() called, is the entrypoint outermost, is the port 8080?"
+)
+ACCESS_DENIED_SENTENCE = "access denied (403): the ARN or key belongs to another account or job"
+
+
+class Outcome(StrEnum):
+    HEALTHY = "healthy"
+    PARTIAL = "partial"
+    AGENT_ERROR = "agent error"
+    ACCESS_DENIED = "access denied"
+    NOT_REACHABLE = "not reachable"
+
+
+EXIT_CODES = {
+    Outcome.HEALTHY: 0,
+    Outcome.PARTIAL: 1,
+    Outcome.AGENT_ERROR: 3,
+    Outcome.ACCESS_DENIED: 4,
+    Outcome.NOT_REACHABLE: 5,
+}
+EXIT_CANNOT_RUN = 2
+
+
+@dataclass
+class SmokeReport:
+    """What the check saw and what it means."""
+
+    target: str
+    outcome: Outcome
+    verdict: str
+    observations: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    reward: float | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.outcome]
+
+    def render(self) -> str:
+        lines = [f"rft smoke {self.target}"]
+        lines += [f"  {line}" for line in self.observations]
+        lines += [f"  not verified: {line}" for line in self.unverified]
+        lines.append(f"{self.outcome.value.upper()}: {self.verdict}")
+        return "\n".join(lines)
+
+
+# --- reading the agent's answer --------------------------------------------------------------------
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500] or "(empty body)"
+    if isinstance(parsed, dict) and "error" in parsed:
+        return str(parsed["error"])[:500]
+    return json.dumps(parsed)[:500]
+
+
+def _reward(body: bytes) -> float | None:
+    """The episode reward in an agent's answer: rftkit's ``{"reward": ...}`` or a bare number or list."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    value = parsed.get("reward") if isinstance(parsed, dict) else parsed
+    if isinstance(value, list) and value and all(isinstance(item, int | float) for item in value):
+        value = math.fsum(value)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _agent_error(target: str, status_code: int, body: bytes) -> SmokeReport:
+    error = _error_text(body)
+    observations = [f"agent answered HTTP {status_code}: {error}"]
+    if status_code == 403:
+        return SmokeReport(target, Outcome.ACCESS_DENIED, ACCESS_DENIED_SENTENCE, observations)
+    if JOB_NOT_FOUND_MESSAGE in error:
+        verdict = (
+            f"the agent reached the model endpoint, which answered '{JOB_NOT_FOUND_MESSAGE}', but let "
+            "that error escape: catch the model's 400 and return the no-play reward"
+        )
+    else:
+        verdict = f"the agent's own error (HTTP {status_code}), shown above: fix it and run rft smoke again"
+    return SmokeReport(target, Outcome.AGENT_ERROR, verdict, observations)
+
+
+def _matches(record: Any, job_arn: str, rollout_id: str) -> bool:
+    return (
+        isinstance(record, dict)
+        and record.get("JobArn") == job_arn
+        and record.get("TrajectoryId") == rollout_id
+    )
+
+
+def _sums_to(rewards: Any, total: float) -> bool:
+    if not isinstance(rewards, list) or not all(isinstance(item, int | float) for item in rewards):
+        return False
+    return math.isclose(math.fsum(rewards), total, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _judge_recording(
+    target: str, payload: RolloutPayload, reward: float, recording: Recording
+) -> SmokeReport:
+    job_arn, rollout_id = payload.metadata.job_arn, payload.metadata.rollout_id
+    observations = [f"agent answered HTTP 200 with reward {reward:g}"]
+    missing = []
+
+    calls = recording.model_call_headers
+    attributed = [
+        h
+        for h in calls
+        if h.get(JOB_ARN_HEADER.lower()) == job_arn and h.get(TRAJECTORY_ID_HEADER.lower()) == rollout_id
+    ]
+    observations.append(
+        f"model endpoint: {len(calls)} call(s), {len(attributed)} with this rollout's "
+        f"{JOB_ARN_HEADER} and {TRAJECTORY_ID_HEADER} headers, answered 400 '{JOB_NOT_FOUND_MESSAGE}'"
+    )
+    if not calls:
+        missing.append(
+            "the agent never called the model endpoint from the payload's metadata.endpoint: build its "
+            "model with ctx.strands_model() or ctx.openai_client()"
+        )
+    elif not attributed:
+        missing.append(
+            "the model calls lacked this rollout's headers: build the model client from ctx "
+            "(ctx.strands_model(), ctx.openai_client()), which carries them"
+        )
+
+    rewards = [r.get("Rewards") for r in recording.update_rewards if _matches(r, job_arn, rollout_id)]
+    completions = [r.get("Status") for r in recording.complete_rollouts if _matches(r, job_arn, rollout_id)]
+    observations.append(f"update-reward: {rewards or 'none'}; complete-rollout: {completions or 'none'}")
+    if not rewards:
+        missing.append("no update-reward for this rollout arrived: return the reward from an @rft_handler")
+    elif not any(_sums_to(reported, reward) for reported in rewards):
+        missing.append(f"the reported rewards {rewards} do not add up to the answered reward {reward:g}")
+    if "ready" not in completions:
+        missing.append(
+            "no complete-rollout 'ready' for this rollout arrived: return the reward from an @rft_handler"
+        )
+
+    if missing:
+        return SmokeReport(target, Outcome.PARTIAL, "; ".join(missing), observations, reward=reward)
+    verdict = (
+        f"the agent came back with its no-play reward {reward:g} because the model endpoint answered "
+        f"400 '{JOB_NOT_FOUND_MESSAGE}' (no job of that id is served): {HEALTHY_SENTENCE}"
+    )
+    return SmokeReport(target, Outcome.HEALTHY, verdict, observations, reward=reward)
+
+
+def _wait_for_reports(recording: Recording, grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not (recording.update_rewards and recording.complete_rollouts):
+        time.sleep(0.02)
+
+
+def with_endpoint(payload: RolloutPayload, endpoint: str) -> RolloutPayload:
+    """The payload with its ``metadata.endpoint`` replaced (validated like any endpoint)."""
+    metadata = payload.metadata.model_dump(by_alias=True)
+    return payload.model_copy(
+        update={"metadata": RolloutMetadata.model_validate({**metadata, "endpoint": endpoint})}
+    )
+
+
+def invocations_url(target: str) -> str:
+    target = target.rstrip("/")
+    return target if target.endswith("/invocations") else f"{target}/invocations"
+
+
+def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_TIMEOUT_S) -> SmokeReport:
+    """Check an agent served over HTTP, serving its policy endpoint from this process meanwhile."""
+    recording = Recording()
+    with serve_in_thread(recording_app(recording)) as endpoint:
+        sent = with_endpoint(payload, endpoint)
+        try:
+            response = httpx.post(invocations_url(target), json=sent.to_wire(), timeout=timeout)
+        except httpx.ConnectError as exc:
+            observations = [f"could not connect to {invocations_url(target)}: {exc}"]
+            return SmokeReport(target, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
+        except httpx.TimeoutException:
+            observations = [f"no answer from {invocations_url(target)} within {timeout:g} s"]
+            return SmokeReport(target, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
+        except httpx.TransportError as exc:
+            observations = [f"the connection to {invocations_url(target)} broke: {type(exc).__name__}: {exc}"]
+            verdict = "the agent dropped the request without an answer (did it crash?): see the agent's log"
+            return SmokeReport(target, Outcome.AGENT_ERROR, verdict, observations)
+        if response.status_code >= 400:
+            return _agent_error(target, response.status_code, response.content)
+        reward = _reward(response.content)
+        if reward is None:
+            observations = [f"agent answered HTTP {response.status_code}: {response.text[:500]}"]
+            verdict = "the agent answered without a reward: the rollout function must return its reward"
+            return SmokeReport(target, Outcome.PARTIAL, verdict, observations)
+        _wait_for_reports(recording, REPORT_GRACE_S)
+        return _judge_recording(target, payload, reward, recording)
+
+
+# --- AgentCore runtime ARNs ------------------------------------------------------------------------
+
+UNVERIFIABLE_REMOTELY = [
+    "that the agent called the model endpoint with the rollout's headers",
+    "that it posted update-reward and complete-rollout",
+]
+REMOTE_VERDICT = (
+    "the agent parses its payload and returns a reward; the runtime cannot reach this machine, so run the "
+    "same image locally and `rft smoke http://localhost:8080` to verify the rest"
+)
+
+
+def agentcore_client(arn: str, timeout: float) -> Any:
+    """A boto3 ``bedrock-agentcore`` client in the ARN's region, with one attempt and the check's timeout."""
+    import boto3
+    from botocore.config import Config
+
+    region = arn.split(":")[3]
+    config = Config(read_timeout=timeout, connect_timeout=min(timeout, 10.0), retries={"max_attempts": 1})
+    return boto3.client("bedrock-agentcore", region_name=region, config=config)
+
+
+def smoke_arn(
+    arn: str,
+    payload: RolloutPayload,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    qualifier: str | None = None,
+    client: Any = None,
+) -> SmokeReport:
+    """Check an agent on AgentCore Runtime through ``invoke_agent_runtime``."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+
+    client = client if client is not None else agentcore_client(arn, timeout)
+    request: dict[str, Any] = {
+        "agentRuntimeArn": arn,
+        # AgentCore wants 33 to 256 characters.
+        "runtimeSessionId": f"rftkit-smoke-{uuid.uuid4().hex}",
+        "payload": json.dumps(payload.to_wire()).encode(),
+        "contentType": "application/json",
+        "accept": "application/json",
+    }
+    if qualifier:
+        request["qualifier"] = qualifier
+    try:
+        response = client.invoke_agent_runtime(**request)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        status_code = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        observations = [
+            f"AgentCore answered {error.get('Code')} (HTTP {status_code}): {error.get('Message')}"
+        ]
+        if status_code == 403 or error.get("Code") == "AccessDeniedException":
+            return SmokeReport(arn, Outcome.ACCESS_DENIED, ACCESS_DENIED_SENTENCE, observations)
+        verdict = (
+            "the runtime or the agent in it answered an error, shown above: fix it and run rft smoke again"
+        )
+        return SmokeReport(arn, Outcome.AGENT_ERROR, verdict, observations)
+    except (ReadTimeoutError, ConnectTimeoutError, EndpointConnectionError) as exc:
+        observations = [f"no answer from AgentCore within {timeout:g} s: {exc}"]
+        return SmokeReport(arn, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
+    body = response["response"].read()
+    status_code = int(response.get("statusCode") or 200)
+    if status_code >= 400:
+        return _agent_error(arn, status_code, body)
+    reward = _reward(body)
+    if reward is None:
+        observations = [f"agent answered HTTP {status_code}: {body[:500].decode('utf-8', 'replace')}"]
+        verdict = "the agent answered without a reward: the rollout function must return its reward"
+        return SmokeReport(arn, Outcome.PARTIAL, verdict, observations)
+    observations = [f"agent answered HTTP {status_code} with reward {reward:g}"]
+    return SmokeReport(
+        arn, Outcome.HEALTHY, REMOTE_VERDICT, observations, list(UNVERIFIABLE_REMOTELY), reward
+    )
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+class PayloadFileError(ValueError):
+    """The smoke payload file is missing or is not a rollout payload."""
+
+
+def load_payload(path: Path | None) -> tuple[RolloutPayload, str]:
+    """The payload to send and where it came from: ``path``, ./payloads/smoke.json, or the built-in one."""
+    if path is None:
+        if not DEFAULT_PAYLOAD_PATH.is_file():
+            return RolloutPayload.model_validate(BUILTIN_PAYLOAD), "the built-in smoke payload"
+        path = DEFAULT_PAYLOAD_PATH
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise PayloadFileError(f"cannot read the payload file {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise PayloadFileError(f"the payload file {path} is not JSON: {exc}") from exc
+    try:
+        return RolloutPayload.model_validate(raw), str(path)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'payload'}: {item['msg']}"
+            for item in exc.errors()[:3]
+        )
+        raise PayloadFileError(f"the payload file {path} is not a rollout payload: {problems}") from exc
+
+
+def is_runtime_arn(target: str) -> bool:
+    return target.startswith("arn:") and ":bedrock-agentcore:" in target and ":runtime/" in target
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rft smoke",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog=(
+            "exit codes: 0 healthy, 1 partial, 2 the check could not run, 3 agent error, "
+            "4 access denied, 5 not reachable"
+        ),
+    )
+    parser.add_argument("target", help="agent URL (http://localhost:8080) or AgentCore runtime ARN")
+    parser.add_argument(
+        "--payload", type=Path, help="payload JSON file (default: ./payloads/smoke.json, else a built-in one)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait (default 60)"
+    )
+    parser.add_argument("--qualifier", help="AgentCore endpoint qualifier (ARN targets only)")
+    parser.add_argument(
+        "--endpoint",
+        help="policy endpoint for the remote agent to call (ARN targets only)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        payload, source = load_payload(args.payload)
+    except PayloadFileError as exc:
+        print(f"rft smoke: {exc}")
+        return EXIT_CANNOT_RUN
+    print(f"sending {source} (job {payload.metadata.job_arn}, rollout {payload.metadata.rollout_id})")
+    if is_runtime_arn(args.target):
+        from botocore.exceptions import BotoCoreError
+
+        if args.endpoint:
+            payload = with_endpoint(payload, args.endpoint)
+        elif payload.metadata.endpoint is None:
+            print(
+                "note: the payload names no metadata.endpoint, so the agent has no model to call (--endpoint)"
+            )
+        try:
+            report = smoke_arn(args.target, payload, timeout=args.timeout, qualifier=args.qualifier)
+        except BotoCoreError as exc:
+            print(f"rft smoke: cannot call AgentCore: {exc}")
+            return EXIT_CANNOT_RUN
+    elif args.target.startswith(("http://", "https://")):
+        try:
+            httpx.URL(args.target)
+        except httpx.InvalidURL as exc:
+            print(f"rft smoke: {args.target!r} is not a valid URL: {exc}")
+            return EXIT_CANNOT_RUN
+        report = smoke_url(args.target, payload, timeout=args.timeout)
+    else:
+        print(f"rft smoke: TARGET must be an http(s) URL or an AgentCore runtime ARN, got {args.target!r}")
+        return EXIT_CANNOT_RUN
+    print(report.render())
+    return report.exit_code

@@ -1,0 +1,308 @@
+"""The OpenAI chat-completions wire format: request validation, normalisation, responses and SSE chunks.
+
+Requests are validated strictly (wrong types are refused, not coerced) and normalised to what chat
+templates expect: text parts joined into one string, a missing assistant ``content`` made ``""``.
+Responses carry vLLM's ``return_token_ids`` extension: ``prompt_token_ids`` at the top level and
+``token_ids`` on the choice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policy_server.engines.base import GenerationRequest, GenerationResult
+from policy_server.jobs import Rejection
+
+
+class _Strict(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do; known ones must have the right type.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Strict):
+    url: str = Field(min_length=1)
+    detail: str | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Strict):
+    """The fields of ``POST /v1/chat/completions`` the policy server honours."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """Validate a request body, turning every problem into a 400 with a sentence."""
+    try:
+        return ChatCompletionRequest.model_validate_json(body)
+    except ValidationError as error:
+        raise Rejection(400, describe_validation_error(error)) from None
+
+
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One sentence naming the most specific problem (and how many more there are)."""
+    problems = error.errors(include_url=False)
+    # A value failing a union fails every branch; the deepest location names the real mistake.
+    first = max(problems, key=lambda problem: len(problem["loc"]))
+    if first["type"] == "json_invalid":
+        return f"The request body is not valid JSON: {first['msg']}."
+    # Union branch labels ("str", "list[...]") name pydantic's attempts, not the caller's fields.
+    parts = [
+        str(part)
+        for part in first["loc"]
+        if not (isinstance(part, str) and (part in _BRANCHES or "[" in part))
+    ]
+    where = ".".join(parts) or "body"
+    extra = len(problems) - 1
+    more = f" ({extra} more problem{'s' if extra > 1 else ''})" if extra else ""
+    return f"Invalid request: {where}: {first['msg']}{more}."
+
+
+def has_images(request: ChatCompletionRequest) -> bool:
+    return any(
+        isinstance(part, ImagePart)
+        for message in request.messages
+        if isinstance(message.content, list)
+        for part in message.content
+    )
+
+
+def _normalise_message(message: Message) -> dict[str, Any]:
+    """An OpenAI message dict with plain-string content (parts kept as a list only when images are in)."""
+    content = message.content
+    if isinstance(content, list):
+        if any(isinstance(part, ImagePart) for part in content):
+            normalised_content: str | list[dict[str, Any]] = [
+                part.model_dump(exclude_none=True) for part in content
+            ]
+        else:
+            # vLLM joins text parts the same way, so both engines render one prompt.
+            normalised_content = "\n".join(part.text for part in content if isinstance(part, TextPart))
+    else:
+        normalised_content = content or ""
+    normalised: dict[str, Any] = {"role": message.role, "content": normalised_content}
+    if message.name is not None:
+        normalised["name"] = message.name
+    if message.tool_calls:
+        normalised["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        normalised["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content is not None:
+        normalised["reasoning_content"] = message.reasoning_content
+    return normalised
+
+
+def generation_request(request: ChatCompletionRequest, *, max_tokens_cap: int) -> GenerationRequest:
+    """The engine's view of a validated request, within the job's ``max_tokens`` cap."""
+    max_tokens = request.max_completion_tokens or request.max_tokens or max_tokens_cap
+    if max_tokens > max_tokens_cap:
+        raise Rejection(
+            400,
+            f"The requested max_tokens {max_tokens} is above this job's cap of {max_tokens_cap}; "
+            f"ask for {max_tokens_cap} or fewer.",
+        )
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop
+    tool_choice = request.tool_choice
+    return GenerationRequest(
+        messages=[_normalise_message(message) for message in request.messages],
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        tools=[tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None,
+        tool_choice=tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice) else tool_choice,
+        stop=stop or None,
+        seed=request.seed,
+        reasoning_effort=request.reasoning_effort,
+        chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+    )
+
+
+def _tool_calls(result: GenerationResult) -> list[dict[str, Any]]:
+    calls = []
+    for call in result.tool_calls:
+        function = call.get("function", {})
+        arguments = function.get("arguments", "{}")
+        calls.append(
+            {
+                "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": function.get("name", ""),
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+    return calls
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    prompt, completion = len(result.prompt_token_ids), len(result.completion_token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class CompletionIds:
+    """The id, creation time and model name shared by a response or by every chunk of one stream."""
+
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+
+def completion_body(result: GenerationResult, ids: CompletionIds) -> dict[str, Any]:
+    """A ``chat.completion`` object."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    tool_calls = _tool_calls(result)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if result.reasoning_content is not None:
+        message["reasoning_content"] = result.reasoning_content
+    return {
+        "id": ids.id,
+        "object": "chat.completion",
+        "created": ids.created,
+        "model": ids.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+                "token_ids": list(result.completion_token_ids),
+            }
+        ],
+        "usage": _usage(result),
+        "prompt_token_ids": list(result.prompt_token_ids),
+    }
+
+
+def stream_chunks(
+    result: GenerationResult, ids: CompletionIds, *, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects that stream one finished generation.
+
+    The engine has already produced the whole completion, so each kind of delta (reasoning, text,
+    each tool call) goes out as one chunk; clients accumulate deltas the same way either way.
+    """
+    usage_field: dict[str, Any] = {"usage": None} if include_usage else {}
+
+    def chunk(
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        *,
+        choice_extra: dict[str, Any] | None = None,
+        top_extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {
+            "id": ids.id,
+            "object": "chat.completion.chunk",
+            "created": ids.created,
+            "model": ids.model,
+            "choices": [{**choice, **(choice_extra or {})}],
+            **usage_field,
+            **(top_extra or {}),
+        }
+
+    chunks = [
+        chunk(
+            {"role": "assistant", "content": ""},
+            top_extra={"prompt_token_ids": list(result.prompt_token_ids)},
+        )
+    ]
+    if result.reasoning_content:
+        chunks.append(chunk({"reasoning_content": result.reasoning_content}))
+    if result.content:
+        chunks.append(chunk({"content": result.content}))
+    for index, call in enumerate(_tool_calls(result)):
+        chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
+    chunks.append(
+        chunk({}, result.finish_reason, choice_extra={"token_ids": list(result.completion_token_ids)})
+    )
+    if include_usage:
+        chunks.append(
+            {
+                "id": ids.id,
+                "object": "chat.completion.chunk",
+                "created": ids.created,
+                "model": ids.model,
+                "choices": [],
+                "usage": _usage(result),
+            }
+        )
+    return chunks

@@ -1,0 +1,60 @@
+"""The one interface every inference engine implements (hf in-process, vLLM out of process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from policy_server.trace import LogprobsMode
+
+
+@dataclass
+class GenerationRequest:
+    """One chat call, normalised by the gateway (OpenAI message dicts, plain-string content)."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    adapter_version: int = 0
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationResult:
+    """What the engine sampled, token for token, plus the parsed assistant message."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    logprobs_mode: LogprobsMode
+    finish_reason: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning_content: str | None = None
+
+
+class Engine(Protocol):
+    """An inference engine behind the gateway.
+
+    Adapter versions are integers chosen by the policy server (0 = base model, no adapter); the
+    engine maps each to its own storage (a peft adapter name, a vLLM LoRA name) so that a version
+    number is never reused for different weights.
+    """
+
+    model_name: str
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    async def load_adapter(self, version: int, path: str) -> None: ...
+
+    async def unload_adapter(self, version: int) -> None: ...

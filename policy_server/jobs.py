@@ -1,0 +1,207 @@
+"""The job and rollout registry: which jobs are open, their caps, each rollout's trace, token counters.
+
+One registry serves the gateway's event loop and the trainer's thread at once, so every method takes
+one lock; none of them awaits or does heavy work while holding it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from handlers.protocol import JOB_NOT_FOUND_MESSAGE, RolloutStatus
+from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
+
+# Finished rollout ids remembered per job, so that a late call answers "finished" instead of "unknown".
+# Bounded so that a job running for days keeps flat memory; older ids fall back to "unknown" (still 4xx).
+FINISHED_IDS_KEPT = 65_536
+
+
+class Rejection(Exception):
+    """A request the policy server refuses: an HTTP status (4xx) and a sentence for the caller."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """Caps a job puts on every call of its rollouts."""
+
+    max_tokens: int = 1024
+    max_calls_per_rollout: int = 64
+    auto_open_rollouts: bool = False
+
+
+@dataclass
+class _Rollout:
+    trace: RolloutTrace
+    calls_started: int = 0
+    # (start sequence number, record): calls are ordered by when the gateway received them.
+    records: list[tuple[int, CallRecord]] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    limits: JobLimits
+    counters: TokenCounters = field(default_factory=TokenCounters)
+    rollouts: dict[str, _Rollout] = field(default_factory=dict)
+    finished: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+
+@dataclass(frozen=True)
+class CallTicket:
+    """A call admitted into a rollout, holding its place in the rollout's order."""
+
+    job_arn: str
+    rollout_id: str
+    sequence: int
+    limits: JobLimits
+
+
+class JobRegistry:
+    """Open jobs, their rollouts and counters."""
+
+    def __init__(self, *, finished_ids_kept: int = FINISHED_IDS_KEPT) -> None:
+        self._finished_ids_kept = finished_ids_kept
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._sequence = itertools.count()
+
+    def open_job(self, job_arn: str, limits: JobLimits) -> None:
+        if not job_arn:
+            raise Rejection(400, "A job needs a non-empty job ARN.")
+        if limits.max_tokens < 1 or limits.max_calls_per_rollout < 1:
+            raise Rejection(400, "max_tokens and max_calls_per_rollout must be at least 1.")
+        with self._lock:
+            if job_arn in self._jobs:
+                raise Rejection(409, f"Job {job_arn!r} is already open; close it before opening it again.")
+            self._jobs[job_arn] = _Job(limits=limits)
+
+    def close_job(self, job_arn: str) -> TokenCounters:
+        """Forget the job and everything it holds; returns its final counters."""
+        with self._lock:
+            job = self._jobs.pop(job_arn, None)
+        if job is None:
+            raise Rejection(400, JOB_NOT_FOUND_MESSAGE)
+        return job.counters.model_copy()
+
+    def limits(self, job_arn: str) -> JobLimits:
+        with self._lock:
+            return self._job(job_arn).limits
+
+    def open_rollout(self, job_arn: str, rollout_id: str) -> None:
+        if not rollout_id:
+            raise Rejection(400, "A rollout needs a non-empty rollout id.")
+        with self._lock:
+            job = self._job(job_arn)
+            if rollout_id in job.rollouts or rollout_id in job.finished:
+                raise Rejection(
+                    409, f"Rollout {rollout_id!r} was already opened in this job; ids are single-use."
+                )
+            job.rollouts[rollout_id] = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id))
+
+    def check_rollout(self, job_arn: str, rollout_id: str) -> None:
+        """Raise the rejection a call for this rollout would get, or open it when the job auto-opens."""
+        with self._lock:
+            self._rollout(job_arn, rollout_id)
+
+    def start_call(self, job_arn: str, rollout_id: str) -> CallTicket:
+        """Admit one call into the rollout, within the job's per-rollout call cap."""
+        with self._lock:
+            job = self._job(job_arn)
+            rollout = self._rollout(job_arn, rollout_id)
+            if rollout.calls_started >= job.limits.max_calls_per_rollout:
+                raise Rejection(
+                    400,
+                    f"Rollout {rollout_id!r} already made {rollout.calls_started} calls, this job's "
+                    "max_calls_per_rollout; end the episode.",
+                )
+            rollout.calls_started += 1
+            return CallTicket(job_arn, rollout_id, next(self._sequence), job.limits)
+
+    def record_call(self, ticket: CallTicket, record: CallRecord) -> None:
+        """Count the call's tokens for the job and add it to its rollout's trace (unless taken since)."""
+        with self._lock:
+            job = self._jobs.get(ticket.job_arn)
+            if job is None:
+                return
+            job.counters.calls += 1
+            job.counters.prefill_tokens += len(record.prompt_token_ids)
+            job.counters.sample_tokens += len(record.completion_token_ids)
+            rollout = job.rollouts.get(ticket.rollout_id)
+            if rollout is not None:
+                rollout.records.append((ticket.sequence, record))
+
+    def reject_call(self, job_arn: str | None, rollout_id: str | None) -> None:
+        """Count a refused call against its job and rollout, where those are known."""
+        with self._lock:
+            job = self._jobs.get(job_arn) if job_arn else None
+            if job is None:
+                return
+            job.counters.rejected_calls += 1
+            rollout = job.rollouts.get(rollout_id) if rollout_id else None
+            if rollout is not None:
+                rollout.trace.rejected_calls += 1
+
+    def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
+        with self._lock:
+            self._rollout(job_arn, rollout_id).trace.status = status.value
+
+    def update_reward(self, job_arn: str, rollout_id: str, rewards: list[float]) -> None:
+        with self._lock:
+            self._rollout(job_arn, rollout_id).trace.rewards = list(rewards)
+
+    def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
+        """Hand the rollout's trace over and forget it; later calls for the rollout are refused."""
+        with self._lock:
+            job = self._job(job_arn)
+            rollout = job.rollouts.pop(rollout_id, None)
+            if rollout is None:
+                raise self._missing_rollout(job, rollout_id)
+            job.finished[rollout_id] = None
+            while len(job.finished) > self._finished_ids_kept:
+                job.finished.popitem(last=False)
+        rollout.records.sort(key=lambda item: item[0])
+        calls = [record.model_copy(update={"index": i}) for i, (_, record) in enumerate(rollout.records)]
+        return rollout.trace.model_copy(update={"calls": calls})
+
+    def counters(self, job_arn: str) -> TokenCounters:
+        with self._lock:
+            return self._job(job_arn).counters.model_copy()
+
+    def open_rollout_count(self, job_arn: str) -> int:
+        """How many rollouts of the job hold a trace not yet taken."""
+        with self._lock:
+            return len(self._job(job_arn).rollouts)
+
+    def _job(self, job_arn: str) -> _Job:
+        job = self._jobs.get(job_arn)
+        if job is None:
+            raise Rejection(400, JOB_NOT_FOUND_MESSAGE)
+        return job
+
+    def _rollout(self, job_arn: str, rollout_id: str) -> _Rollout:
+        job = self._job(job_arn)
+        rollout = job.rollouts.get(rollout_id)
+        if rollout is not None:
+            return rollout
+        if job.limits.auto_open_rollouts and rollout_id and rollout_id not in job.finished:
+            rollout = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id))
+            job.rollouts[rollout_id] = rollout
+            return rollout
+        raise self._missing_rollout(job, rollout_id)
+
+    @staticmethod
+    def _missing_rollout(job: _Job, rollout_id: str) -> Rejection:
+        if rollout_id in job.finished:
+            return Rejection(
+                409, f"Rollout {rollout_id!r} is finished: its trace was taken, so it takes no more calls."
+            )
+        return Rejection(
+            404, f"Rollout {rollout_id!r} is not open in this job; the trainer opens rollouts before play."
+        )

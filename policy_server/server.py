@@ -1,0 +1,216 @@
+"""``PolicyServer``: the policy server's Python API (what the trainer calls) and its ASGI app.
+
+Every chat call runs through :meth:`PolicyServer.complete`: admitted into its rollout within the job's
+caps, sampled by the current adapter version, recorded token for token in the rollout's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from functools import cached_property
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from handlers.protocol import RolloutStatus
+from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
+from policy_server.engines.base import Engine, GenerationResult
+from policy_server.jobs import JobLimits, JobRegistry, Rejection
+from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class EngineError(Exception):
+    """The engine failed on a call the gateway had accepted (answered with a 5xx)."""
+
+
+class _AdapterVersions:
+    """Which adapter version is current and how many calls each version has in flight.
+
+    Touched only from the server's event loop, so it needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.loaded: set[int] = set()
+        self.in_flight: Counter[int] = Counter()
+        self.last_issued = 0
+
+    def acquire(self) -> int:
+        self.in_flight[self.current] += 1
+        return self.current
+
+    def release(self, version: int) -> None:
+        self.in_flight[version] -= 1
+        if self.in_flight[version] <= 0:
+            del self.in_flight[version]
+
+    def retired(self) -> list[int]:
+        """Loaded versions that are not current and that no call in flight uses."""
+        return sorted(v for v in self.loaded if v != self.current and self.in_flight[v] == 0)
+
+
+class PolicyServer:
+    """The policy endpoint: an engine behind the gateway, the job registry and adapter versions."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        policy_name: str = "policy",
+        api_key: str | None = None,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.engine = engine
+        self.policy_name = policy_name
+        self.api_key = api_key or None
+        self.max_body_bytes = max_body_bytes
+        self.registry = JobRegistry()
+        self._versions = _AdapterVersions()
+        self._adapter_lock: asyncio.Lock | None = None
+
+    @cached_property
+    def app(self) -> Starlette:
+        """The Starlette ASGI app serving this server's routes."""
+        from policy_server.gateway import build_app
+
+        return build_app(self)
+
+    @property
+    def model_names(self) -> tuple[str, str]:
+        """Names a request's ``model`` may use: the policy's own, or ``default`` (AWS's samples)."""
+        return (self.policy_name, "default")
+
+    async def start(self) -> None:
+        """Start the engine on the current event loop (the loop that will serve requests)."""
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    # Jobs and rollouts: plain methods, callable from any thread.
+
+    def open_job(
+        self,
+        job_arn: str,
+        max_tokens: int = 1024,
+        max_calls_per_rollout: int = 64,
+        auto_open_rollouts: bool = False,
+    ) -> None:
+        self.registry.open_job(job_arn, JobLimits(max_tokens, max_calls_per_rollout, auto_open_rollouts))
+
+    def close_job(self, job_arn: str) -> TokenCounters:
+        return self.registry.close_job(job_arn)
+
+    def open_rollout(self, job_arn: str, rollout_id: str) -> None:
+        self.registry.open_rollout(job_arn, rollout_id)
+
+    def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
+        return self.registry.take_trace(job_arn, rollout_id)
+
+    def counters(self, job_arn: str) -> TokenCounters:
+        return self.registry.counters(job_arn)
+
+    def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
+        self.registry.complete_rollout(job_arn, rollout_id, status)
+
+    def update_reward(self, job_arn: str, rollout_id: str, rewards: list[float]) -> None:
+        self.registry.update_reward(job_arn, rollout_id, rewards)
+
+    # Adapter versions: coroutines, run on the server's event loop.
+
+    @property
+    def current_adapter_version(self) -> int:
+        return self._versions.current
+
+    @property
+    def loaded_adapter_versions(self) -> tuple[int, ...]:
+        """Adapter versions the engine holds now (the current one plus any still used by calls)."""
+        return tuple(sorted(self._versions.loaded))
+
+    async def load_adapter(self, path: str | Path) -> int:
+        """Load a LoRA adapter directory as the next version; new calls use it from now on."""
+        directory = Path(path)
+        if not (directory / "adapter_config.json").is_file():
+            raise ValueError(
+                f"The path {directory} is not a peft adapter directory (it has no adapter_config.json)."
+            )
+        if self._adapter_lock is None:
+            self._adapter_lock = asyncio.Lock()
+        async with self._adapter_lock:
+            # The number is spent even if loading fails, so a version never names two sets of weights.
+            self._versions.last_issued += 1
+            version = self._versions.last_issued
+            await self.engine.load_adapter(version, str(directory))
+            self._versions.loaded.add(version)
+            self._versions.current = version
+            await self._unload_retired()
+        return version
+
+    async def _unload_retired(self) -> None:
+        for version in self._versions.retired():
+            if version not in self._versions.loaded:  # another call retired it while we awaited
+                continue
+            self._versions.loaded.discard(version)
+            try:
+                await self.engine.unload_adapter(version)
+            except Exception:  # a leftover adapter costs memory only; calls must not fail for it
+                logger.exception("could not unload adapter version %d", version)
+
+    # Calls.
+
+    async def complete(
+        self, job_arn: str, rollout_id: str, request: ChatCompletionRequest
+    ) -> GenerationResult:
+        """Sample one chat call for a rollout and record it; raises Rejection (4xx) or EngineError (5xx)."""
+        started_at = time.time()
+        limits = self.registry.limits(job_arn)
+        self.registry.check_rollout(job_arn, rollout_id)
+        if request.model not in self.model_names:
+            raise Rejection(
+                404, f"Model {request.model!r} is not served here; use {self.policy_name!r} or 'default'."
+            )
+        if has_images(request) and not getattr(self.engine, "supports_images", False):
+            raise Rejection(400, "This policy's engine does not take image inputs; send text content only.")
+        generation = generation_request(request, max_tokens_cap=limits.max_tokens)
+        ticket = self.registry.start_call(job_arn, rollout_id)
+        version = self._versions.acquire()
+        generation.adapter_version = version
+        try:
+            result = await self.engine.generate(generation)
+        except ValueError as error:
+            # Engines raise ValueError for requests they cannot serve (a template that cannot render
+            # the messages, a prompt filling the context): the caller's to fix, so a 4xx.
+            raise Rejection(400, f"The engine refused this request: {str(error).rstrip('.')}.") from error
+        except Exception as error:
+            logger.exception("engine failed on a call of rollout %s", rollout_id)
+            raise EngineError(f"The engine failed on this call: {type(error).__name__}: {error}") from error
+        finally:
+            self._versions.release(version)
+            if version != self._versions.current:
+                await self._unload_retired()
+        self.registry.record_call(
+            ticket,
+            CallRecord(
+                index=ticket.sequence,
+                prompt_token_ids=list(result.prompt_token_ids),
+                completion_token_ids=list(result.completion_token_ids),
+                completion_logprobs=list(result.completion_logprobs),
+                logprobs_mode=result.logprobs_mode,
+                adapter_version=version,
+                finish_reason=result.finish_reason,
+                started_at=started_at,
+                finished_at=time.time(),
+                temperature=generation.temperature,
+                top_p=generation.top_p,
+                messages=generation.messages,
+                tools=generation.tools,
+            ),
+        )
+        return result

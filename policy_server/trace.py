@@ -1,0 +1,59 @@
+"""What the policy server records: the exact tokens of every model call, grouped by rollout.
+
+These records are the trainer's input. Nothing in them is re-derived from text: prompt ids are the
+ids the engine was fed, completion ids and logprobs are what the sampler drew.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+# How the recorded logprobs were computed. "raw": log-softmax of the model's logits, before
+# temperature, top-p or any other processing (what the trainer recomputes). "processed": after them.
+LogprobsMode = Literal["raw", "processed"]
+
+
+class CallRecord(BaseModel):
+    """One chat-completion call, as the engine saw it."""
+
+    index: int = Field(description="Position of the call within its rollout, from 0.")
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float] = Field(
+        description="Logprob of each sampled completion token; same length as completion_token_ids."
+    )
+    logprobs_mode: LogprobsMode = "raw"
+    adapter_version: int = Field(description="Adapter version that sampled the call; 0 is the base model.")
+    finish_reason: str = Field(description="'stop', 'length' or 'tool_calls'.")
+    started_at: float = Field(description="Unix time the gateway received the call.")
+    finished_at: float = Field(description="Unix time the engine returned.")
+    temperature: float = 1.0
+    top_p: float = 1.0
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list, description="Request messages, for debugging."
+    )
+    tools: list[dict[str, Any]] | None = None
+
+
+class RolloutTrace(BaseModel):
+    """Every call of one rollout, in order, plus what the agent reported back."""
+
+    job_arn: str
+    rollout_id: str
+    calls: list[CallRecord] = Field(default_factory=list)
+    status: Literal["ready", "failed"] | None = Field(
+        default=None, description="From POST /complete-rollout; None if the agent never reported."
+    )
+    rewards: list[float] | None = Field(default=None, description="From POST /update-reward, if any.")
+    rejected_calls: int = Field(default=0, description="Calls answered with a 4xx (over caps, bad input).")
+
+
+class TokenCounters(BaseModel):
+    """Per-job token counts, in the SageMaker cost model's buckets."""
+
+    prefill_tokens: int = 0
+    sample_tokens: int = 0
+    calls: int = 0
+    rejected_calls: int = 0

@@ -1,0 +1,52 @@
+"""``rft serve``: a real process serving the tiny model, called with the headers it prints."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from policy_server.cli import main
+
+JOB = "arn:local:job/dev"
+
+
+def test_serve_opens_a_job_for_interactive_use(tiny_model_dir: Path) -> None:
+    command = [sys.executable, "-u", "-m", "handlers.cli", "serve", "--model", str(tiny_model_dir)]
+    command += ["--engine", "hf", "--port", "0", "--open-job", JOB, "--max-tokens", "8", "--api-key", "k"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        printed = []
+        for line in process.stdout:
+            printed.append(line)
+            if line.startswith("Ctrl-C"):
+                break
+        output = "".join(printed)
+        endpoint = re.search(r"endpoint: (http://127\.0\.0\.1:\d+/v1)", output)
+        assert endpoint is not None, output
+        assert f"{JOB_ARN_HEADER}: {JOB}" in output and TRAJECTORY_ID_HEADER in output
+
+        headers = {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: "episode-1"}
+        with openai.OpenAI(base_url=endpoint.group(1), api_key="k", default_headers=headers) as client:
+            reply = client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert 1 <= reply.usage.completion_tokens <= 8
+        assert reply.choices[0].model_extra["token_ids"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+
+
+def test_serve_refuses_a_directory_without_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--model", str(tmp_path), "--port", "0"]) == 2
+    assert "not a model directory" in capsys.readouterr().out

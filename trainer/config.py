@@ -1,0 +1,534 @@
+"""The training configuration: one validated object read from YAML or TOML, with CLI overrides.
+
+Names follow TRL's ``GRPOConfig`` wherever the concept exists there (``num_generations``, ``beta``,
+``epsilon``, ``loss_type``, ``learning_rate``, ...), so a TRL user reads this file without a guide.
+``python -m trainer.config --markdown`` renders the reference page ``docs/config.md`` from the field
+descriptions below.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import sys
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticUndefined
+
+# The validation context key that carries the directory relative paths are resolved against.
+BASE_DIR_KEY = "base_dir"
+
+_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:bedrock-agentcore:[a-z0-9-]+:\d{12}:runtime/[A-Za-z0-9_-]+$")
+
+RewardAggregation = Literal["sum", "last", "mean"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be loaded; the message names each bad field and why."""
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get(BASE_DIR_KEY)
+    if base is None or value.is_absolute():
+        return value
+    return (Path(base) / value).resolve()
+
+
+# A filesystem path; relative ones are taken from the config file's directory.
+ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class LoraConfig(_Section):
+    """The LoRA adapter that training updates (peft's names)."""
+
+    r: int = Field(default=16, gt=0, description="Adapter rank.")
+    lora_alpha: float = Field(
+        default=32.0, gt=0, description="Scaling numerator: updates scale by alpha / r."
+    )
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="Module names to adapt (e.g. [q_proj, v_proj]), or 'all-linear' for every linear "
+        "layer except the output head.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError("list at least one module name, or use 'all-linear'")
+        return value
+
+
+class HFEngineConfig(_Section):
+    """Settings of the in-process hf engine (transformers + peft)."""
+
+    max_batch_size: int = Field(
+        default=64, gt=0, description="Most chat calls decoded together in one batch."
+    )
+
+
+class VLLMConfig(_Section):
+    """Settings of the vllm engine: a vLLM OpenAI server in its own process."""
+
+    python: ConfigPath | None = Field(
+        default=None,
+        description="Python interpreter of the environment where vLLM is installed; unset: "
+        "$RFTKIT_VLLM_PYTHON, else the interpreter running rftkit.",
+    )
+    attach_url: str | None = Field(
+        default=None,
+        description="Base URL of an already running vLLM server (started with --enable-lora) to use "
+        "instead of starting one.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra command-line arguments for the vLLM server (e.g. [--dtype, float32]).",
+    )
+    max_lora_rank: int = Field(
+        default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."
+    )
+    max_loras: int = Field(
+        default=2, gt=0, description="vLLM's --max-loras: adapter versions resident at once (old + new)."
+    )
+    startup_timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds to wait for a started vLLM server to answer /health."
+    )
+
+    @field_validator("attach_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
+
+class PolicyServerConfig(_Section):
+    """Where the policy server (the OpenAI-compatible endpoint agents call) listens."""
+
+    host: str = Field(default="127.0.0.1", description="Interface to bind; 0.0.0.0 to serve other machines.")
+    port: int = Field(default=0, ge=0, le=65535, description="Port to bind; 0 picks a free one.")
+    public_url: str | None = Field(
+        default=None,
+        description="Endpoint URL sent to agents when they reach the server by another address "
+        "(a tunnel, a load balancer); unset: http://host:port.",
+    )
+    api_key: str | None = Field(
+        default=None, description="Bearer key agents must send; unset: no authentication."
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
+
+class TokenPrices(_Section):
+    """Dollars per million tokens in the SageMaker cost model's three buckets (defaults: its demo)."""
+
+    prefill: float = Field(default=0.12, ge=0, description="Price per million prompt (prefill) tokens.")
+    sample: float = Field(default=0.30, ge=0, description="Price per million sampled tokens.")
+    train: float = Field(default=0.36, ge=0, description="Price per million trained tokens.")
+
+
+class TrainConfig(_Section):
+    """Everything ``rft train`` needs. TRL's ``GRPOConfig`` names wherever the concept exists there."""
+
+    # --- model and engine
+    model: str | None = Field(
+        default=None,
+        description="Base model: a local directory in transformers format (relative to the config "
+        "file when it exists there) or a hub id the engine can load; unset: a tiny model built "
+        "offline in the run directory (demos and tests).",
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        default="hf",
+        description="Inference engine: 'hf' (transformers in process, CPU or GPU) or 'vllm' (a vLLM "
+        "server process).",
+    )
+    hf: HFEngineConfig = Field(default_factory=HFEngineConfig, description="Settings of the hf engine.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Settings of the vllm engine.")
+    policy_server: PolicyServerConfig = Field(
+        default_factory=PolicyServerConfig, description="Where the policy endpoint listens."
+    )
+    policy_name: str = Field(
+        default="policy", min_length=1, description="Model name the policy endpoint serves the adapter as."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="The LoRA adapter.")
+
+    # --- data and agents
+    train_file: ConfigPath = Field(
+        default=Path("train.jsonl"),
+        description="Training rows, JSONL; each row is sent as the payload's prompt as it is.",
+    )
+    eval_file: ConfigPath | None = Field(
+        default=None, description="Validation rows, JSONL; unset: no evaluation."
+    )
+    shuffle: bool = Field(default=True, description="Shuffle the training rows every epoch (with seed).")
+    agents: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8080"],
+        min_length=1,
+        description="Agent targets: http(s) base URLs (POST {url}/invocations; several are balanced by "
+        "outstanding requests) and/or AgentCore runtime ARNs (invoke_agent_runtime).",
+    )
+    agent_qualifier: str | None = Field(
+        default=None, description="AgentCore endpoint qualifier for ARN targets; unset: DEFAULT."
+    )
+    aws_region: str | None = Field(
+        default=None, description="Region for AgentCore calls; unset: the region in each ARN."
+    )
+    rollout_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Deadline of one rollout, retries included; past it the rollout counts as a timeout.",
+    )
+    max_concurrent_rollouts: int = Field(
+        default=64, gt=0, description="Rollouts in flight at once across all agent targets."
+    )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries of a rollout after a transport failure (refused, reset, closed, 429, 502, "
+        "503, 504), with exponential backoff and jitter, while the deadline allows.",
+    )
+    retry_backoff_s: float = Field(
+        default=0.5, gt=0, description="First retry delay; it doubles on every retry (plus jitter)."
+    )
+    reward_aggregation: RewardAggregation = Field(
+        default="sum",
+        description="How a per-turn reward list becomes the episode reward: sum, last or mean.",
+    )
+
+    # --- GRPO
+    num_generations: int = Field(default=8, ge=2, description="Rollouts per row (the group size G).")
+    rows_per_step: int = Field(default=8, gt=0, description="Dataset rows per training step.")
+    max_steps: int = Field(default=100, gt=0, description="Training steps.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        default="dapo",
+        description="'grpo': token mean per sequence, then mean over sequences; 'dr_grpo': token sum "
+        "over a constant (max tokens); 'dapo': mean over all tokens of the batch.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group",
+        description="Divide advantages by the reward std of the group, of the batch, or not at all "
+        "(true/false mean group/none).",
+    )
+    beta: float = Field(
+        default=0.0,
+        ge=0,
+        description="KL coefficient against the base model (adapter disabled); 0 skips the KL pass.",
+    )
+    epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
+    epsilon_high: float | None = Field(
+        default=None, gt=0, description="Upper clip range; unset: epsilon (DAPO uses 0.28)."
+    )
+    truncated_importance_cap: float | None = Field(
+        default=None,
+        gt=0,
+        description="Cap on the sampler-to-trainer importance weight per token (truncated importance "
+        "sampling); unset: no correction.",
+    )
+
+    # --- optimizer and schedule
+    learning_rate: float = Field(default=2e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.999, ge=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
+        default="constant", description="Learning-rate schedule over max_steps."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    max_tokens_per_microbatch: int = Field(
+        default=8192,
+        gt=0,
+        description="Token budget of one forward/backward pass; a step's sequences are packed into "
+        "micro-batches under it and their gradients accumulated.",
+    )
+
+    # --- sampling
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature of training rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling of training rollouts.")
+    max_completion_length: int = Field(
+        default=512, gt=0, description="Most tokens one model call may sample (maxTokens)."
+    )
+    max_calls_per_rollout: int = Field(
+        default=64, gt=0, description="Most model calls one rollout may make; later calls answer 4xx."
+    )
+    seed: int = Field(default=0, description="Seed of data order, sampling and initialisation.")
+
+    # --- evaluation
+    eval_steps: int | None = Field(
+        default=10, gt=0, description="Evaluate every N steps; unset: only at start and end."
+    )
+    eval_on_start: bool = Field(default=True, description="Evaluate before the first step.")
+    eval_on_end: bool = Field(default=True, description="Evaluate after the last step.")
+    eval_temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of evaluation rollouts (0: greedy)."
+    )
+    success_threshold: float = Field(
+        default=0.0, description="An evaluation rollout succeeds when its reward is above this."
+    )
+    max_eval_rows: int | None = Field(
+        default=None, gt=0, description="Evaluate on the first N validation rows; unset: all."
+    )
+
+    # --- run directory, checkpoints, tracking
+    output_dir: ConfigPath = Field(
+        default=Path("runs/rftkit"),
+        description="Run directory: metrics, adapters, checkpoints, MLflow store, results.",
+    )
+    save_steps: int = Field(default=10, gt=0, description="Checkpoint every N steps (and after the last).")
+    save_total_limit: int = Field(default=3, gt=0, description="Checkpoints kept; older ones are deleted.")
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI (a server or a store path); unset: a local file store in "
+        "output_dir/mlruns.",
+    )
+    mlflow_experiment_name: str = Field(default="rftkit", min_length=1, description="MLflow experiment.")
+    run_name: str | None = Field(default=None, description="MLflow run name; unset: output_dir's name.")
+    prices: TokenPrices = Field(
+        default_factory=TokenPrices, description="Token prices per million for the cost estimate."
+    )
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_rewards_bool(cls, value: Any) -> Any:
+        # TRL accepted booleans before it grew the "group"/"batch"/"none" choices.
+        if isinstance(value, bool):
+            return "group" if value else "none"
+        return value
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_targets(cls, targets: list[str]) -> list[str]:
+        for target in targets:
+            if not (target.startswith(("http://", "https://")) or _ARN_PATTERN.match(target)):
+                raise ValueError(
+                    f"{target!r} is neither an http(s) URL nor an AgentCore runtime ARN "
+                    "(arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/NAME)"
+                )
+        return [t.rstrip("/") if t.startswith("http") else t for t in targets]
+
+    @field_validator("model")
+    @classmethod
+    def _model_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        base = (info.context or {}).get(BASE_DIR_KEY)
+        if value is None or base is None or Path(value).is_absolute():
+            return value
+        local = Path(base) / value
+        return str(local.resolve()) if local.exists() or value.startswith(".") else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon ({self.epsilon})")
+        if self.engine == "vllm" and self.vllm.max_lora_rank < self.lora.r:
+            raise ValueError(
+                f"vllm.max_lora_rank ({self.vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
+            )
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range actually used (epsilon_high, else epsilon)."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The tracking URI to use: the configured one, else a file store in the run directory."""
+        return self.mlflow_tracking_uri or (self.output_dir / "mlruns").resolve().as_uri()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a ``.yaml``/``.yml``/``.toml`` file, apply ``key.sub=value`` overrides, validate.
+
+    Override values are parsed as YAML scalars (``lora.r=8``, ``agents=[http://a, http://b]``).
+    Relative paths are resolved against the config file's directory. Raises :class:`ConfigError`.
+    """
+    path = Path(path)
+    data = _read_file(path)
+    for override in overrides or []:
+        _apply_override(data, override)
+    return validate_config(data, base_dir=path.resolve().parent)
+
+
+def validate_config(data: dict[str, Any], base_dir: Path | None = None) -> TrainConfig:
+    """Validate a mapping into a :class:`TrainConfig`; relative paths resolve against ``base_dir``."""
+    context = {BASE_DIR_KEY: base_dir} if base_dir is not None else None
+    try:
+        return TrainConfig.model_validate(data, context=context)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError(f"config file {path} must end in .yaml, .yml or .toml")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of fields, not {type(data).__name__}")
+    return data
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} must look like key=value (e.g. lora.r=8)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {override!r}: the value is not a YAML scalar or list: {error}") from None
+    parts = key.split(".")
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[: depth + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message += _suggestion(item["loc"])
+        lines.append(f"{location}: {message}" if location else message)
+    noun = "problem" if len(lines) == 1 else "problems"
+    return f"invalid training config ({len(lines)} {noun}):\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _suggestion(location: tuple[int | str, ...]) -> str:
+    model: type[BaseModel] = TrainConfig
+    for part in location[:-1]:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    close = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reference page
+
+
+def render_markdown() -> str:
+    """The reference page for every field: type, default, description, one table per section."""
+    out = [
+        "# Training configuration reference",
+        "",
+        "<!-- Generated by `python -m trainer.config --markdown > docs/config.md`; do not edit. -->",
+        "",
+        "`rft train CONFIG` reads a YAML (`.yaml`, `.yml`) or TOML (`.toml`) file into "
+        "`trainer.config.TrainConfig`. Unknown fields are errors. Relative paths are resolved against "
+        "the config file's directory. Override any field on the command line with dotted keys, values "
+        "parsed as YAML: `rft train run.yaml lora.r=8 agents='[http://a:8080, http://b:8080]'`.",
+        "",
+        "Names follow TRL's `GRPOConfig` where the concept exists there.",
+        "",
+    ]
+    out += _section_table("Top level", TrainConfig, "")
+    for name, field in TrainConfig.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out += _section_table(f"`{name}`: {annotation.__doc__ or ''}".strip(), annotation, f"{name}.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _section_table(title: str, model: type[BaseModel], prefix: str) -> list[str]:
+    rows = [f"## {title}", "", "| field | type | default | description |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            continue
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{prefix}{name}` | {_type_name(annotation)} | {_default(field)} | {description} |")
+    return rows + [""]
+
+
+def _default(field: Any) -> str:
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if value is PydanticUndefined:
+        return "required"
+    if value is None:
+        return "unset"
+    if isinstance(value, Path):
+        value = str(value)
+    return f"`{json.dumps(value)}`"
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " \\| ".join(f"`{arg}`" for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(arg) for arg in args if arg is not type(None)]
+        return " \\| ".join(names) + (" (optional)" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if annotation is Path:
+        return "path"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.config --markdown``: print the reference page."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["--markdown"]:
+        print("usage: python -m trainer.config --markdown > docs/config.md", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
