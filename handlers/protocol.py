@@ -109,9 +109,17 @@ class InferenceParams(BaseModel):
         serialization_alias="topP",
     )
 
+    seed: int | None = Field(
+        default=None,
+        description="rftkit: sampling seed for this rollout's calls, so that sampling does not depend "
+        "on how concurrent calls are batched (the service sends none; agents pass it on as is).",
+    )
+
     def openai_params(self) -> dict[str, Any]:
         """The same parameters spelled for ``chat.completions.create``."""
         params: dict[str, Any] = {}
+        if self.seed is not None:
+            params["seed"] = self.seed
         if self.temperature is not None:
             params["temperature"] = self.temperature
         if self.max_tokens is not None:

@@ -101,9 +101,14 @@ class VLLMConfig(_Section):
         description="Base URL of an already running vLLM server (started with --enable-lora) to use "
         "instead of starting one.",
     )
+    dtype: str = Field(
+        default="auto",
+        description="vLLM's --dtype: 'auto' (the model's own), 'float32' (exact logprobs on CPU), "
+        "'bfloat16', 'float16'.",
+    )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Extra command-line arguments for the vLLM server (e.g. [--dtype, float32]).",
+        description="Extra command-line arguments for the vLLM server (e.g. [--max-model-len, 4096]).",
     )
     max_lora_rank: int = Field(
         default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."
@@ -162,6 +167,12 @@ class TrainConfig(_Section):
         description="Base model: a local directory in transformers format (relative to the config "
         "file when it exists there) or a hub id the engine can load; unset: a tiny model built "
         "offline in the run directory (demos and tests).",
+    )
+    init_adapter: ConfigPath | None = Field(
+        default=None,
+        description="peft LoRA adapter directory to start from (e.g. written by `rft sft`); it is "
+        "served as adapter version 1 and trained further. Unset: a fresh adapter (B = 0, so the "
+        "policy starts as the base model).",
     )
     engine: Literal["hf", "vllm"] = Field(
         default="hf",

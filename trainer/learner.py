@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,8 +216,11 @@ class Learner:
                 self.steps_skipped,
             )
         self.optimizer.zero_grad(set_to_none=True)
-        # The schedule counts training steps, skipped or not, so it ends where max_steps says.
-        self.scheduler.step()
+        # The schedule counts training steps, skipped or not, so it ends where max_steps says (torch
+        # warns when it advances past a skipped optimizer step: intended here).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
         self.steps_done += 1
         result.metrics["skipped"] = float(result.skipped)
         result.metrics["steps_skipped"] = float(self.steps_skipped)

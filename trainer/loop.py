@@ -135,6 +135,7 @@ def build_engine(config: TrainConfig, model_dir: Path) -> Engine:
             served_name=config.policy_name,
             max_lora_rank=config.vllm.max_lora_rank,
             max_loras=config.vllm.max_loras,
+            dtype=config.vllm.dtype,
             extra_args=config.vllm.extra_args,
             startup_timeout_s=config.vllm.startup_timeout_s,
         )
@@ -377,7 +378,7 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
     model_dir = _model_dir(config, run_dir)
 
     # The learner, and where the run stands.
-    learner = learner_from_config(config, model_dir)
+    learner = learner_from_config(config, model_dir, init_adapter=config.init_adapter)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
@@ -405,6 +406,10 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
         session.start()
         if resumed_from is not None and state.adapter_version > 0:
             session.load_adapter(resumed_from / "adapter")
+        elif resumed_from is None and config.init_adapter is not None:
+            # The warm-start adapter is version 1: the first evaluation and step sample with it.
+            state.adapter_version = 1
+            session.load_adapter(_save_version(learner, run_dir, state.adapter_version))
 
         def run_eval(step: int) -> EvalResult:
             result = evaluate(

@@ -21,7 +21,7 @@ def test_three_steps_on_vllm(tiny_model_dir: Path, tmp_path: Path, vllm_python: 
             tiny_model_dir,
             agent_url,
             engine="vllm",
-            vllm={"python": vllm_python, "extra_args": ["--dtype", "float32"], "max_lora_rank": 8},
+            vllm={"python": vllm_python, "dtype": "float32", "max_lora_rank": 8},
             eval_file=None,
         )
         summary = train(load_config(config_path))
