@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,33 @@ def agent_python() -> str:
     if not Path(path).exists():
         pytest.fail(f"agent-side Python not found at {path}: run `make test` or set RFTKIT_AGENT_PYTHON")
     return path
+
+
+@pytest.fixture(scope="session")
+def random_adapter(tiny_model_dir: Path) -> Callable[..., Path]:
+    """Factory for peft LoRA adapters on the tiny model whose B matrices are random.
+
+    peft initialises B to zero (a no-op adapter); random B really changes the outputs, which is what
+    tests of adapter loading and logprob matching need.
+    """
+
+    def make(out_dir: Path, seed: int, *, rank: int = 8, std: float = 0.3) -> Path:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+            LoraConfig(
+                r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]
+            ),
+        )
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0.0, std)
+        model.save_pretrained(out_dir)
+        return out_dir
+
+    return make

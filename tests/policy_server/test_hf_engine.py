@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,25 +33,12 @@ def run_engine(model_dir: Path, body: Callable[[HFEngine], Awaitable[T]], **kwar
     return asyncio.run(main())
 
 
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A LoRA adapter whose B weights are random, so it really changes the model's outputs."""
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
-    )
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.3)
-    model.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
-def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def adapters(
+    random_adapter: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return make_adapter(tiny_model_dir, root / "a", seed=1), make_adapter(tiny_model_dir, root / "b", seed=2)
+    return random_adapter(root / "a", seed=1, rank=4), random_adapter(root / "b", seed=2, rank=4)
 
 
 def request(text: str, **kwargs: Any) -> GenerationRequest:

@@ -6,35 +6,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/adapters"
-
-
-def _random_adapter(model_dir: Path, out_dir: Path, seed: int) -> Path:
-    """A peft LoRA adapter whose B matrices are random (peft initialises them to zero: a no-op)."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.5)
-    peft_model.save_pretrained(out_dir)
-    return out_dir
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +47,13 @@ def _client(url: str, rollout_id: str) -> openai.OpenAI:
 
 
 def test_adapter_loaded_while_rollouts_run(
-    served: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+    served: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
 ) -> None:
     server, thread = served
-    adapter = _random_adapter(tiny_model_dir, tmp_path / "v1", seed=1)
+    adapter = random_adapter(tmp_path / "v1", seed=1, std=0.5)
     server.open_rollout(JOB, "probe")
     probe = _client(thread.url, "probe")
     before = _greedy(probe)
@@ -130,11 +116,14 @@ def test_adapter_loaded_while_rollouts_run(
 
 
 def test_versions_are_numbered_freshly_and_retired_ones_unloaded(
-    served: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+    served: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
 ) -> None:
     server, thread = served
-    first = _random_adapter(tiny_model_dir, tmp_path / "a", seed=2)
-    second = _random_adapter(tiny_model_dir, tmp_path / "b", seed=3)
+    first = random_adapter(tmp_path / "a", seed=2, std=0.5)
+    second = random_adapter(tmp_path / "b", seed=3, std=0.5)
     start = server.current_adapter_version
     assert thread.run(server.load_adapter(first)) == start + 1
     with httpx.Client(base_url=thread.url, timeout=60) as client:

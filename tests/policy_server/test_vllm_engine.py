@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
@@ -29,20 +29,6 @@ pytestmark = pytest.mark.vllm
 
 JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/vllm-suite"
 LORA_RANK = 8
-
-
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A peft LoRA adapter whose B weights are random, so it really changes the outputs."""
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir),
-        LoraConfig(r=LORA_RANK, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]),
-    )
-    for name, weight in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(weight, std=0.3)
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +62,10 @@ def teacher_forced_logprobs(model: torch.nn.Module, call: CallRecord) -> list[fl
 
 
 def test_recorded_logprobs_match_trainer_forward(
-    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+    vllm_server: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
 ) -> None:
     server, thread = vllm_server
     prompts = [
@@ -94,7 +83,7 @@ def test_recorded_logprobs_match_trainer_forward(
         )
         return rollout_id
 
-    adapter_dir = make_adapter(tiny_model_dir, tmp_path / "adapter-a", seed=3)
+    adapter_dir = random_adapter(tmp_path / "adapter-a", seed=3)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         base_rollouts = list(pool.map(play, prompts))
         version = thread.run(server.load_adapter(adapter_dir))
@@ -172,7 +161,10 @@ def test_prompt_ids_are_the_model_template_with_tools(
 
 
 def test_adapter_versions_swap_under_fresh_names_and_old_ones_unload(
-    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path, tmp_path: Path
+    vllm_server: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
 ) -> None:
     server, thread = vllm_server
     engine = server.engine
@@ -187,9 +179,9 @@ def test_adapter_versions_swap_under_fresh_names_and_old_ones_unload(
         (call,) = server.take_trace(JOB, rollout_id).calls
         return call
 
-    first = thread.run(server.load_adapter(make_adapter(tiny_model_dir, tmp_path / "v-first", seed=11)))
+    first = thread.run(server.load_adapter(random_adapter(tmp_path / "v-first", seed=11)))
     call_first = sample()
-    second = thread.run(server.load_adapter(make_adapter(tiny_model_dir, tmp_path / "v-second", seed=12)))
+    second = thread.run(server.load_adapter(random_adapter(tmp_path / "v-second", seed=12)))
     call_second = sample()
 
     assert second == first + 1
