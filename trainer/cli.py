@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as error:
         print(f"rft train: {error}", file=sys.stderr)
         return 1
-    print(
-        f"rft train: {summary.steps} steps done in {summary.run_dir}; "
-        f"adapter v{summary.adapter_version} at {summary.adapter_dir}"
-    )
+    if summary.adapter_dir is None:
+        outcome = "no update was applied (every group lacked reward variance or valid rollouts)"
+    else:
+        outcome = f"final adapter v{summary.adapter_version} at {summary.adapter_dir}"
+    print(f"rft train: {summary.steps} steps done in {summary.run_dir}; {outcome}")
     return 0

@@ -1,0 +1,86 @@
+"""``rft sft``: rendering through the chat template, assistant-only loss, a falling loss, the adapter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from agents.maze.demonstrations import demonstration, maze_demonstrations
+from agents.maze.env import generate
+from trainer.sft import DemonstrationError, encode_demonstration, load_demonstrations, main, run_sft
+
+TARGETS = ["embed_tokens", "q_proj", "v_proj", "lm_head"]
+
+
+def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    demo = demonstration(generate(7, 4))
+    encoded = encode_demonstration(tokenizer, demo)
+    assert len(encoded.input_ids) == len(encoded.loss_mask)
+    # The whole conversation is rendered exactly as the template renders it.
+    rendered = tokenizer.apply_chat_template(demo["messages"], tools=demo["tools"], tokenize=False)
+    assert tokenizer.decode(encoded.input_ids) == rendered
+    # Masked-in runs are exactly the assistant's tool calls, each ending with its end-of-turn token.
+    runs, current = [], []
+    for token, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True):
+        if keep:
+            current.append(token)
+        elif current:
+            runs.append(tokenizer.decode(current))
+            current = []
+    calls = [m for m in demo["messages"] if m["role"] == "assistant"]
+    assert len(runs) == len(calls)
+    for text, message in zip(runs, calls, strict=True):
+        arguments = json.loads(message["tool_calls"][0]["function"]["arguments"])
+        assert text == (
+            '<tool_call>\n{"name": "move", "arguments": ' + json.dumps(arguments) + "}\n</tool_call><|im_end|>"
+        )
+    # The system prompt, tool list, observations and role headers are context only.
+    context = tokenizer.decode([t for t, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True) if not keep])
+    assert "Maze 4x4." in context and "<tools>" in context and "<|im_start|>assistant\n" in context
+    assert '"arguments": {"direction"' not in context
+
+
+def test_a_demonstration_without_assistant_turns_is_refused(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(DemonstrationError, match="assistant"):
+        encode_demonstration(tokenizer, {"messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_sft_lowers_the_loss_and_saves_a_peft_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    result = run_sft(
+        tiny_model_dir,
+        maze_demonstrations(8),
+        tmp_path / "adapter",
+        steps=12,
+        batch_size=2,
+        target_modules=TARGETS,
+        seed=0,
+    )
+    assert len(result.losses) == 12
+    assert sum(result.losses[-3:]) / 3 < 0.6 * result.losses[0]
+    assert (result.adapter_dir / "adapter_config.json").is_file()
+    config = json.loads((result.adapter_dir / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == set(TARGETS)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.adapter_dir)
+    assert any("lora_B" in name for name, _ in model.named_parameters())
+
+
+def test_cli_trains_from_a_jsonl_file(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "demos.jsonl"
+    data.write_text("".join(json.dumps(demo) + "\n" for demo in maze_demonstrations(4)))
+    assert len(load_demonstrations(data)) == 4
+    out = tmp_path / "adapter"
+    code = main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--steps", "2"])
+    assert code == 0 and (out / "adapter_config.json").is_file()
+    assert "sft step 2/2" in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "no messages"}\n')
+    assert main(["--model", str(tiny_model_dir), "--data", str(bad), "--out", str(out)]) == 2
+    assert "messages" in capsys.readouterr().err
