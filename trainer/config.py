@@ -236,6 +236,13 @@ class TrainConfig(_Section):
     num_generations: int = Field(default=8, ge=2, description="Rollouts per row (the group size G).")
     rows_per_step: int = Field(default=8, gt=0, description="Dataset rows per training step.")
     max_steps: int = Field(default=100, gt=0, description="Training steps.")
+    num_iterations: int = Field(
+        default=1,
+        ge=1,
+        description="Optimizer steps on each step's batch (mu in the GRPO paper). Above 1, later passes "
+        "are off-policy and the clipped importance ratio against the sampler's logprobs keeps them "
+        "close; the learning-rate schedule counts optimizer steps (max_steps x num_iterations).",
+    )
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
         default="dapo",
         description="'grpo': token mean per sequence, then mean over sequences; 'dr_grpo': token sum "

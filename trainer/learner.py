@@ -280,7 +280,7 @@ def learner_from_config(
             adam_epsilon=config.adam_epsilon,
             lr_scheduler_type=config.lr_scheduler_type,
             warmup_steps=config.warmup_steps,
-            max_steps=config.max_steps,
+            max_steps=config.max_steps * config.num_iterations,
             max_grad_norm=config.max_grad_norm,
         ),
         loss=LossSettings(

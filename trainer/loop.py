@@ -463,14 +463,21 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
             played = session.play(requests)
             rollout_s = time.monotonic() - step_started
 
-            # Advantages and sequences, then one optimizer step.
+            # Advantages and sequences, then num_iterations optimizer steps on them. The first pass's
+            # metrics describe the batch against the policy that sampled it (mismatch KL); the last
+            # pass's clip fraction shows how far the later, off-policy passes went.
             batch = _collect(config, played, len(picked))
             update_started = time.monotonic()
             update_metrics: dict[str, float] = {}
             updated = False
             if batch.sequences:
-                result = learner.train_step(batch.sequences, seed=derived_seed(config.seed, "update", step))
-                update_metrics, updated = result.metrics, not result.skipped
+                for iteration in range(config.num_iterations):
+                    seed = derived_seed(config.seed, "update", step, iteration)
+                    result = learner.train_step(batch.sequences, seed=seed)
+                    updated = updated or not result.skipped
+                    if iteration == 0:
+                        update_metrics = dict(result.metrics)
+                update_metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
             else:
                 log.info("step %d: no trainable group, no update", step)
             update_s = time.monotonic() - update_started

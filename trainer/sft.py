@@ -10,7 +10,8 @@ user messages, tool results, the template's role headers) is context.
 The adapter is saved in peft format, the same as the GRPO learner's versions, so ``rft train`` can
 start from it.
 
-    rft sft --model MODEL_DIR --maze-demos 400 --out runs/sft-adapter
+    rft sft --model MODEL_DIR --maze-demos 300 --out runs/sft-adapter --steps 400 \\
+        --target-modules embed_tokens,q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
     rft sft --model MODEL_DIR --data demos.jsonl --out runs/sft-adapter --steps 200
 """
 
@@ -30,8 +31,18 @@ import torch
 
 # A model built from scratch has a random output layer whose logits are too small to ever become
 # confident, so the adapter needs lm_head besides every projection (vLLM serves lm_head LoRA too).
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+DEFAULT_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "lm_head",
+)
 IGNORE = -100
+MAX_GRAD_NORM = 1.0
 
 
 class DemonstrationError(ValueError):
@@ -145,8 +156,8 @@ def run_sft(
     out_dir: str | Path,
     *,
     steps: int = 100,
-    learning_rate: float = 3e-3,
-    batch_size: int = 8,
+    learning_rate: float = 2e-3,
+    batch_size: int = 16,
     lora_r: int = 16,
     lora_alpha: float = 32.0,
     lora_dropout: float = 0.0,
@@ -184,13 +195,15 @@ def run_sft(
     model.train()
     pad = base.config.pad_token_id
     pad_id = int(pad if pad is not None else 0)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
     rng = random.Random(seed)
     result = SftResult(adapter_dir=Path(out_dir), assistant_tokens=sum(sum(e.loss_mask) for e in encoded))
     for step in range(1, steps + 1):
         loss = assistant_loss(model, _batch(rng.choices(encoded, k=batch_size), pad_id))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)
         optimizer.step()
         result.losses.append(float(loss.detach()))
         if on_step is not None:
@@ -203,23 +216,28 @@ def run_sft(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rft sft", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, type=Path, help="base model directory (transformers format)")
+    parser.add_argument(
+        "--model", required=True, type=Path, help="base model directory (transformers format)"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", type=Path, help='JSONL of {"messages": [...], "tools": [...]} demonstrations')
+    source.add_argument(
+        "--data", type=Path, help='JSONL of {"messages": [...], "tools": [...]} demonstrations'
+    )
     source.add_argument(
         "--maze-demos", type=int, metavar="N", help="N shortest-path demonstrations on training mazes"
     )
     parser.add_argument("--out", required=True, type=Path, help="directory to write the adapter into")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
-    parser.add_argument("--batch-size", type=int, default=8, help="demonstrations per step (default 8)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="learning rate (default 2e-3)")
+    parser.add_argument("--batch-size", type=int, default=16, help="demonstrations per step (default 16)")
     parser.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
     parser.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (default 32)")
     parser.add_argument("--lora-dropout", type=float, default=0.0)
     parser.add_argument(
         "--target-modules",
         default=",".join(DEFAULT_TARGET_MODULES),
-        help="comma-separated module names to adapt (default: every projection and lm_head)",
+        help="comma-separated module names to adapt (default: every projection; a tiny model built "
+        "from scratch needs embed_tokens and lm_head too)",
     )
     parser.add_argument("--seed", type=int, default=0)
     return parser

@@ -101,9 +101,7 @@ def generate(seed: int, size: int) -> Maze:
     # The goal is at least size - 1 steps away, so every maze takes a few decisions.
     goal = rng.choice([cell for cell in cells if _manhattan(cell, start) >= size - 1])
     carved = _monotone_path(start, goal, rng)
-    walls = frozenset(
-        cell for cell in cells if cell not in carved and rng.random() < WALL_DENSITY
-    )
+    walls = frozenset(cell for cell in cells if cell not in carved and rng.random() < WALL_DENSITY)
     maze = Maze(size=size, walls=walls, start=start, goal=goal, move_limit=0)
     path = shortest_path(maze)
     if path is None:  # impossible: the carved path is open

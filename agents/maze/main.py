@@ -2,7 +2,8 @@
 
 Each rollout's row names a maze (``{"seed": 17, "size": 5}``, or ``{"maze": {...}}``, or either as a
 JSON string). The model sees text observations (``render.py``): the first in the user message, then
-one after every move as the tool result. The episode ends at the goal or when the move limit is
+one after every move as the tool result; each model call sees only the latest move and observation
+(``keep_last_observation``). The episode ends at the goal or when the move limit is
 spent; the agent then stops without another model call. The model may also stop on its own by
 answering in plain text instead of calling ``move``. Reward: 1.0 only when the goal was reached
 within the move limit, else 0.0 (also when the model endpoint refused to play, e.g. with a 400).
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import openai
 from strands import Agent, ToolContext, tool
 from strands.agent.conversation_manager import NullConversationManager
+from strands.hooks import BeforeModelCallEvent
 from strands.tools.executors import SequentialToolExecutor
 from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 from strands.types.tools import AgentTool
@@ -27,15 +29,11 @@ from strands.types.tools import AgentTool
 from agents.maze.dataset import row_maze
 from agents.maze.env import Maze, MazeGame
 from agents.maze.render import start_text, step_text
-from handlers import RolloutContext, rft_app
+from handlers import InvalidRowError, RolloutContext, rft_app
 
 logger = logging.getLogger(__name__)
 
-SYSTEM_PROMPT = (
-    "You are in a grid maze. Reach the goal within the move limit by calling move, one step per call. "
-    "Each observation gives the goal's offset, the moves left, and for each direction whether it is a "
-    "wall or brings you closer to or farther from the goal."
-)
+SYSTEM_PROMPT = "Walk the maze to the goal."
 
 
 def parse_maze(row: Any) -> Maze:
@@ -44,10 +42,15 @@ def parse_maze(row: Any) -> Maze:
         try:
             row = json.loads(row)
         except json.JSONDecodeError as error:
-            raise ValueError(f'the prompt must be a JSON object like {{"seed": 17, "size": 5}}: {error}') from error
+            raise InvalidRowError(
+                f'the prompt must be a JSON object like {{"seed": 17, "size": 5}}: {error}'
+            ) from error
     if not isinstance(row, dict):
-        raise ValueError(f'the prompt must be an object like {{"seed": 17, "size": 5}}, got {row!r}')
-    return row_maze(row)
+        raise InvalidRowError(f'the prompt must be an object like {{"seed": 17, "size": 5}}, got {row!r}')
+    try:
+        return row_maze(row)
+    except ValueError as error:
+        raise InvalidRowError(str(error)) from error
 
 
 def move_tool(game: MazeGame) -> AgentTool:
@@ -55,11 +58,7 @@ def move_tool(game: MazeGame) -> AgentTool:
 
     @tool(name="move", context=True)
     def move(direction: Literal["up", "down", "left", "right"], tool_context: ToolContext) -> str:
-        """Move one cell in the maze.
-
-        Args:
-            direction: up, down, left or right.
-        """
+        """Move one cell."""
         if game.done:
             return "The episode is over."
         result = game.step(direction)
@@ -71,13 +70,26 @@ def move_tool(game: MazeGame) -> AgentTool:
     return move
 
 
+def keep_last_observation(event: BeforeModelCallEvent) -> None:
+    """Before each model call, drop all but the last move and its observation.
+
+    The observation is the whole state the policy needs (goal offset, moves left, what each
+    direction does), so earlier turns add nothing but tokens; and a small policy reads its one
+    observation far more easily than it finds the newest one in a growing transcript. Each call's
+    prompt then no longer extends the previous one, so the trainer keeps one sequence per call.
+    """
+    messages = event.agent.messages
+    if len(messages) > 2:
+        del messages[:-2]
+
+
 def build_agent(game: MazeGame, model: Any) -> Agent:
     """The Strands agent that plays ``game`` through ``model``."""
     return Agent(
         model=model,
         tools=[move_tool(game)],
         system_prompt=SYSTEM_PROMPT,
-        # Keep the transcript whole: the trainer needs each prompt to extend the previous one.
+        hooks=[keep_last_observation],
         conversation_manager=NullConversationManager(),
         # Moves in one batch are played in order, not concurrently.
         tool_executor=SequentialToolExecutor(),

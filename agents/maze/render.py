@@ -39,10 +39,11 @@ def direction_status(maze: Maze, position: Cell, direction: Direction) -> str:
 def state_text(game: MazeGame) -> str:
     """The current state: goal offset, moves left, then each direction's status."""
     maze, position = game.maze, game.position
-    directions = " ".join(
-        f"{d.value.capitalize()}: {direction_status(maze, position, d)}." for d in Direction
+    # One word per direction ("DownCloser"), so each direction's status is a single token.
+    around = " ".join(
+        d.value.capitalize() + direction_status(maze, position, d).capitalize() for d in Direction
     )
-    return f"Goal: {goal_offset(maze, position)}. Moves left: {game.moves_left}. {directions}"
+    return f"Goal: {goal_offset(maze, position)}. Moves left: {game.moves_left}. Around: {around}."
 
 
 def start_text(game: MazeGame) -> str:

@@ -81,13 +81,13 @@ def test_observation_text() -> None:
     assert direction_status(game.maze, game.position, Direction.RIGHT) == "wall"
     assert direction_status(game.maze, game.position, Direction.DOWN) == "farther"
     assert state_text(game) == (
-        "Goal: 2 right. Moves left: 5. Up: wall. Down: farther. Left: wall. Right: wall."
+        "Goal: 2 right. Moves left: 5. Around: UpWall DownFarther LeftWall RightWall."
     )
     assert start_text(game).startswith("Maze 3x3. Goal: 2 right.")
     game.step("down")
     result = game.step("right")
     assert step_text(game, result) == (
-        "Moved. Goal: 1 up, 1 right. Moves left: 3. Up: wall. Down: farther. Left: farther. Right: closer."
+        "Moved. Goal: 1 up, 1 right. Moves left: 3. Around: UpWall DownFarther LeftFarther RightCloser."
     )
     assert step_text(game, game.step("left")).startswith("Moved. Goal: 1 up, 2 right.")
     game.step("up")

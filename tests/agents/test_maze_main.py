@@ -73,7 +73,12 @@ class ScriptedModel:
         yield chunk({"role": "assistant", "content": ""})
         if turn in ("up", "down", "left", "right"):
             arguments = json.dumps({"direction": turn})
-            call = {"index": 0, "id": "call_0", "type": "function", "function": {"name": "move", "arguments": arguments}}
+            call = {
+                "index": 0,
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "move", "arguments": arguments},
+            }
             yield chunk({"tool_calls": [call]})
             yield chunk({}, "tool_calls")
         else:
@@ -147,7 +152,15 @@ def test_shortest_path_reaches_the_goal(agent_url: str, model: tuple[ScriptedMod
     assert start_text(game) in json.dumps(first[1]["content"])
     assert [tool["function"]["name"] for tool in requests[0]["tools"]] == ["move"]
     step = game.step(path[0])
-    assert requests[1]["messages"][-1] == {"role": "tool", "tool_call_id": "call_0", "content": step_text(game, step)}
+    assert requests[1]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_0",
+        "content": step_text(game, step),
+    }
+    # Every later call sees only the system prompt, the previous move and its observation.
+    assert [[m["role"] for m in r["messages"]] for r in requests[1:]] == [["system", "assistant", "tool"]] * (
+        len(path) - 1
+    )
     reports = reports_for(scripted, "win")
     assert reports["/update-reward"]["Rewards"] == [1.0]
     assert reports["/complete-rollout"]["Status"] == "ready"
@@ -185,5 +198,6 @@ def test_a_refusing_endpoint_is_no_play(agent_url: str, model: tuple[ScriptedMod
 def test_a_row_without_a_maze_is_rejected(agent_url: str, model: tuple[ScriptedModel, str]) -> None:
     _, endpoint = model
     response = play(agent_url, endpoint, "bad", prompt={"size": 5})
-    assert response.status_code >= 400
+    assert response.status_code == 400
+    assert "a maze row must be like" in response.json()["error"]
     assert "seed" in response.json()["error"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from agents.maze.demonstrations import demonstration, maze_demonstrations
+from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
 from agents.maze.env import generate
 from trainer.sft import DemonstrationError, encode_demonstration, load_demonstrations, main, run_sft
 
@@ -17,7 +17,8 @@ TARGETS = ["embed_tokens", "q_proj", "v_proj", "lm_head"]
 
 def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    demo = demonstration(generate(7, 4))
+    # The second move: the previous move and its observation, then the move to learn.
+    demo = episode_demonstrations(generate(7, 4))[1]
     encoded = encode_demonstration(tokenizer, demo)
     assert len(encoded.input_ids) == len(encoded.loss_mask)
     # The whole conversation is rendered exactly as the template renders it.
@@ -36,11 +37,15 @@ def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
     for text, message in zip(runs, calls, strict=True):
         arguments = json.loads(message["tool_calls"][0]["function"]["arguments"])
         assert text == (
-            '<tool_call>\n{"name": "move", "arguments": ' + json.dumps(arguments) + "}\n</tool_call><|im_end|>"
+            '<tool_call>\n{"name": "move", "arguments": '
+            + json.dumps(arguments)
+            + "}\n</tool_call><|im_end|>"
         )
     # The system prompt, tool list, observations and role headers are context only.
-    context = tokenizer.decode([t for t, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True) if not keep])
-    assert "Maze 4x4." in context and "<tools>" in context and "<|im_start|>assistant\n" in context
+    context = tokenizer.decode(
+        [t for t, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True) if not keep]
+    )
+    assert "Moved. Goal:" in context and "<tools>" in context and "<|im_start|>assistant\n" in context
     assert '"arguments": {"direction"' not in context
 
 
@@ -68,14 +73,19 @@ def test_sft_lowers_the_loss_and_saves_a_peft_adapter(tiny_model_dir: Path, tmp_
     assert (result.adapter_dir / "adapter_config.json").is_file()
     config = json.loads((result.adapter_dir / "adapter_config.json").read_text())
     assert set(config["target_modules"]) == set(TARGETS)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.adapter_dir)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.adapter_dir
+    )
     assert any("lora_B" in name for name, _ in model.named_parameters())
 
 
-def test_cli_trains_from_a_jsonl_file(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_trains_from_a_jsonl_file(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     data = tmp_path / "demos.jsonl"
-    data.write_text("".join(json.dumps(demo) + "\n" for demo in maze_demonstrations(4)))
-    assert len(load_demonstrations(data)) == 4
+    demos = maze_demonstrations(2)
+    data.write_text("".join(json.dumps(demo) + "\n" for demo in demos))
+    assert load_demonstrations(data) == demos
     out = tmp_path / "adapter"
     code = main(["--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--steps", "2"])
     assert code == 0 and (out / "adapter_config.json").is_file()
