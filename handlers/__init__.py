@@ -6,6 +6,7 @@ Light by design: importable without torch, so an agent container installs only t
 from typing import TYPE_CHECKING, Any
 
 from handlers.context import InvalidRowError, RolloutContext
+from handlers.episode_errors import ends_episode
 from handlers.protocol import (
     JOB_ARN_HEADER,
     RFTKIT_KEY,
@@ -43,6 +44,7 @@ __all__ = [
     "RolloutContext",
     "RolloutResponse",
     "UpdateRewardRequest",
+    "ends_episode",
     "rft_app",
     "rft_handler",
 ]

@@ -52,6 +52,8 @@ class DemoPlan:
     warmup_steps: int
     eval_rows: int
     num_iterations: int = 1
+    # 1.0 samples each evaluation maze once; 0.0 is greedy, free of sampling noise (quick runs).
+    eval_temperature: float = 1.0
     hidden_size: int = 128
     num_layers: int = 2
 
@@ -83,10 +85,11 @@ QUICK = DemoPlan(
     grpo_steps=16,
     rows_per_step=4,
     num_generations=8,
-    learning_rate=6e-4,
+    learning_rate=1e-3,
     warmup_steps=8,
     eval_rows=32,
     num_iterations=4,
+    eval_temperature=0.0,
 )
 # A model built from scratch has no shared direction in its random embeddings and a random output
 # layer: the adapter needs the embeddings (so attention can learn positional patterns) and lm_head
@@ -194,7 +197,7 @@ def train_config(
             "warmup_steps": plan.warmup_steps,
             "loss_type": "grpo",
             "temperature": 1.0,
-            "eval_temperature": 1.0,
+            "eval_temperature": plan.eval_temperature,
             "eval_steps": None,
             "success_threshold": 0.5,
             "max_completion_length": 64,

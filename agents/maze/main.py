@@ -18,18 +18,17 @@ import json
 import logging
 from typing import Any, Literal
 
-import openai
 from strands import Agent, ToolContext, tool
 from strands.agent.conversation_manager import NullConversationManager
 from strands.hooks import BeforeModelCallEvent
 from strands.tools.executors import SequentialToolExecutor
-from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 from strands.types.tools import AgentTool
 
 from agents.maze.dataset import row_maze
 from agents.maze.env import Maze, MazeGame
 from agents.maze.render import start_text, step_text
 from handlers import InvalidRowError, RolloutContext, rft_app
+from handlers.episode_errors import ends_episode
 
 logger = logging.getLogger(__name__)
 
@@ -95,25 +94,6 @@ def build_agent(game: MazeGame, model: Any) -> Agent:
         tool_executor=SequentialToolExecutor(),
         callback_handler=None,
     )
-
-
-def ends_episode(error: BaseException) -> bool:
-    """True for model-endpoint errors that end the episode as it stands instead of failing the rollout.
-
-    A 400 (``Could not find job``, or a request the policy refuses), a context overflow and a
-    truncated answer are outcomes of play; anything else (403, 5xx, a dropped connection) is an
-    infrastructure failure and propagates, so the rollout is reported failed rather than scored.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(
-            current, openai.BadRequestError | ContextWindowOverflowException | MaxTokensReachedException
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 async def rollout(row: Any, ctx: RolloutContext) -> dict[str, Any]:

@@ -13,17 +13,16 @@ import json
 import logging
 from typing import Any
 
-import openai
 from strands import Agent, ToolContext, tool
 from strands.agent.conversation_manager import NullConversationManager
 from strands.tools.executors import SequentialToolExecutor
-from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 from strands.types.tools import AgentTool
 
 from agents.wordle.game import MAX_GUESSES, MAX_TOOL_CALLS, WORD_LENGTH, GameStatus, WordleGame
 from agents.wordle.reward import game_reward
 from agents.wordle.word_lists import allowed_guesses
 from handlers import InvalidRowError, RolloutContext, rft_app
+from handlers.episode_errors import ends_episode
 
 logger = logging.getLogger(__name__)
 
@@ -84,26 +83,6 @@ def guess_word_tool(game: WordleGame) -> AgentTool:
         return feedback
 
     return guess_word
-
-
-def ends_episode(error: BaseException) -> bool:
-    """True for model-endpoint errors that end the game as it stands instead of failing the rollout.
-
-    A 400 from the endpoint (``Could not find job`` when no job is served, or a request the policy
-    refuses), a context overflow and a truncated answer are outcomes of play; anything else (403,
-    5xx, a dropped connection) is an infrastructure failure and propagates, so the rollout is
-    reported failed rather than scored.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(
-            current, openai.BadRequestError | ContextWindowOverflowException | MaxTokensReachedException
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 async def rollout(row: Any, ctx: RolloutContext) -> dict[str, Any]:

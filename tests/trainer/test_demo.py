@@ -9,11 +9,11 @@ import pytest
 
 from trainer.demo import main
 
-# The quick demo trains for under three minutes (16 GRPO steps of 4 mazes x 8 rollouts) and measured
-# 43.75% -> 56.25% on its 32 evaluation mazes. One sampled rollout per maze makes that evaluation noisy
-# (a standard error of ~9 points), so the quick test asks for a smaller lift; the full demo
-# (64 mazes, 30 steps) carries the 30-point bar.
-QUICK_MARGIN_POINTS = 5.0
+# The quick demo trains for about three minutes (16 GRPO steps of 4 mazes x 8 rollouts, lr 1e-3) and
+# evaluates its 32 mazes greedily, so the evaluation itself adds no sampling noise. Measured here:
+# 46.9% -> 68.8% (+21.9 points). Training still varies from run to run (batched CPU numerics differ
+# in the last bits), so the quick test asks for half of that; the full demo carries the 30-point bar.
+QUICK_MARGIN_POINTS = 10.0
 
 
 @pytest.mark.slow
