@@ -79,6 +79,9 @@ class ServerThread:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit this. Without it, Nagle's algorithm meets the client's delayed
+        # ACK and every call stalls ~40 ms (measured: 44 ms -> 0.7 ms per call through the gateway).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError:
