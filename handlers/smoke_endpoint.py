@@ -68,13 +68,13 @@ def recording_app(recording: Recording) -> Starlette:
 def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a free port in a background thread; yields its base URL."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="rft-smoke-endpoint", daemon=True)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{host}", daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 30.0
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"could not start the smoke endpoint on {host}")
+                raise RuntimeError(f"uvicorn did not start serving on {host} within 30 s")
             time.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://{host}:{port}"

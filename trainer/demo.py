@@ -20,7 +20,6 @@ import argparse
 import json
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,27 +118,14 @@ def serve_agent() -> Iterator[str]:
     """The maze agent's ``BedrockAgentCoreApp`` on uvicorn at 127.0.0.1 on a free port; yields its URL."""
     import logging
 
-    import uvicorn
-
     from agents.maze.main import app
+    from handlers.smoke_endpoint import serve_in_thread
 
     # One INFO line per rollout from the app would bury the progress bar.
     logging.getLogger("bedrock_agentcore.app").setLevel(logging.WARNING)
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="maze-agent", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the maze agent's server did not start on 127.0.0.1")
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def maze_corpus(count: int) -> list[str]:
