@@ -112,7 +112,8 @@ class InferenceParams(BaseModel):
     seed: int | None = Field(
         default=None,
         description="rftkit: sampling seed for this rollout's calls, so that sampling does not depend "
-        "on how concurrent calls are batched (the service sends none; agents pass it on as is).",
+        "on how concurrent calls are batched; the policy server mixes in each call's position in the "
+        "rollout, so calls draw independently (the service sends none; agents pass it on as is).",
     )
 
     def openai_params(self) -> dict[str, Any]:

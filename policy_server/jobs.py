@@ -61,6 +61,8 @@ class CallTicket:
     rollout_id: str
     sequence: int
     limits: JobLimits
+    # 0 for the rollout's first call, 1 for its second, ...: the position its sampling seed mixes in.
+    call_number: int
 
 
 class JobRegistry:
@@ -122,7 +124,9 @@ class JobRegistry:
                     "max_calls_per_rollout; end the episode.",
                 )
             rollout.calls_started += 1
-            return CallTicket(job_arn, rollout_id, next(self._sequence), job.limits)
+            return CallTicket(
+                job_arn, rollout_id, next(self._sequence), job.limits, call_number=rollout.calls_started - 1
+            )
 
     def record_call(self, ticket: CallTicket, record: CallRecord) -> None:
         """Count the call's tokens for the job and add it to its rollout's trace (unless taken since)."""

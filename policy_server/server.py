@@ -7,6 +7,7 @@ caps, sampled by the current adapter version, recorded token for token in the ro
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -24,6 +25,19 @@ from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def call_seed(rollout_seed: int, call_number: int) -> int:
+    """The sampling seed of a rollout's ``call_number``-th call (0-based), from the seed its calls carry.
+
+    An agent passes its rollout's one seed on every call. Used as is, every call would replay the same
+    random stream, so the same token position (a maze move's direction, say) would draw the same
+    uniform number at every turn: episodes far less random than the policy. Mixing in the call's
+    position keeps a rollout reproducible (its n-th call always samples the same way) while its
+    calls draw independently. 63 bits, within every engine's seed range.
+    """
+    digest = hashlib.blake2b(f"{rollout_seed}:{call_number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class EngineError(Exception):
@@ -180,6 +194,8 @@ class PolicyServer:
             raise Rejection(400, "This policy's engine does not take image inputs; send text content only.")
         generation = generation_request(request, max_tokens_cap=limits.max_tokens)
         ticket = self.registry.start_call(job_arn, rollout_id)
+        if generation.seed is not None:
+            generation.seed = call_seed(generation.seed, ticket.call_number)
         version = self._versions.acquire()
         generation.adapter_version = version
         try:

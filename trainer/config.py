@@ -245,8 +245,9 @@ class TrainConfig(_Section):
     )
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
         default="dapo",
-        description="'grpo': token mean per sequence, then mean over sequences; 'dr_grpo': token sum "
-        "over a constant (max tokens); 'dapo': mean over all tokens of the batch.",
+        description="'grpo': token mean per episode (all of a rollout's calls), then mean over "
+        "episodes; 'dr_grpo': token sum over a constant (episodes x max_completion_length); 'dapo': "
+        "mean over all tokens of the batch.",
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         default="group",
@@ -256,7 +257,8 @@ class TrainConfig(_Section):
     beta: float = Field(
         default=0.0,
         ge=0,
-        description="KL coefficient against the base model (adapter disabled); 0 skips the KL pass.",
+        description="KL coefficient against the reference policy: init_adapter when set (the warm "
+        "start), else the base model (adapter disabled); 0 skips the KL pass.",
     )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
     epsilon_high: float | None = Field(
@@ -306,6 +308,12 @@ class TrainConfig(_Section):
     eval_on_end: bool = Field(default=True, description="Evaluate after the last step.")
     eval_temperature: float = Field(
         default=0.0, ge=0, description="Sampling temperature of evaluation rollouts (0: greedy)."
+    )
+    eval_generations: int = Field(
+        default=1,
+        gt=0,
+        description="Evaluation rollouts per validation row; more make a sampled evaluation "
+        "(eval_temperature > 0) less noisy. Each gets the same seed at every evaluation.",
     )
     success_threshold: float = Field(
         default=0.0, description="An evaluation rollout succeeds when its reward is above this."

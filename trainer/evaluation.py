@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.fanout import FailureCounts, RolloutOutcome, RolloutRequest
+from trainer.fanout import FailureCounts, RolloutOutcome, RolloutRequest, mean_agent_metrics
 
 
 @dataclass
@@ -25,6 +25,7 @@ class EvalResult:
     failed: int
     failures: dict[str, int] = field(default_factory=dict)
     adapter_version: int = 0
+    agent_metrics: dict[str, float] = field(default_factory=dict)  # means over the scored rollouts
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +46,7 @@ def score(
         failed=len(outcomes) - len(rewards),
         failures={cause: count for cause, count in failures.as_dict().items() if count},
         adapter_version=adapter_version,
+        agent_metrics=mean_agent_metrics(outcomes),
     )
 
 
@@ -52,11 +54,19 @@ def evaluate(
     rows: Sequence[Any],
     *,
     step: int,
-    make_request: Callable[[int, Any], RolloutRequest],
+    make_request: Callable[[int, Any, int], RolloutRequest],
     play: Callable[[list[RolloutRequest]], list[RolloutOutcome]],
     success_threshold: float,
     adapter_version: int = 0,
+    generations: int = 1,
 ) -> EvalResult:
-    """Play one rollout per row (``make_request(row_index, row)``) through ``play`` and score them."""
-    outcomes = play([make_request(index, row) for index, row in enumerate(rows)])
+    """Play ``generations`` rollouts per row (``make_request(row_index, row, generation)``) through
+    ``play`` and score them all together."""
+    outcomes = play(
+        [
+            make_request(index, row, generation)
+            for index, row in enumerate(rows)
+            for generation in range(generations)
+        ]
+    )
     return score(step, outcomes, success_threshold, adapter_version)

@@ -131,6 +131,16 @@ class RolloutOutcome:
         return self.status == "ok"
 
 
+def mean_agent_metrics(outcomes: Sequence[RolloutOutcome]) -> dict[str, float]:
+    """Each metric the agents reported, averaged over the successful rollouts that reported it."""
+    values: dict[str, list[float]] = {}
+    for outcome in outcomes:
+        if outcome.ok:
+            for name, value in outcome.metrics.items():
+                values.setdefault(name, []).append(value)
+    return {name: math.fsum(series) / len(series) for name, series in sorted(values.items())}
+
+
 @dataclass
 class FailureCounts:
     """Failed rollouts counted by cause."""

@@ -89,7 +89,8 @@ def grpo_loss(
     beta: float = 0.0,
     tis_cap: float | None = None,
     entropy: Tensor | None = None,
-    total_sequences: int | None = None,
+    episode_tokens: Tensor | None = None,
+    total_episodes: int | None = None,
     total_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The clipped GRPO surrogate (to minimise) and its metrics.
@@ -99,9 +100,10 @@ def grpo_loss(
         behavior_logprobs: [B, T] logprobs the sampler recorded for the same tokens (0 where masked).
         advantages: [B] one advantage per sequence, broadcast over its tokens.
         loss_mask: [B, T] 1 on sampled completion tokens, 0 elsewhere.
-        loss_type: how per-token losses are averaged:
-            ``grpo``: mean over each sequence's masked tokens, then mean over sequences;
-            ``dr_grpo``: sum over all masked tokens / (sequences * ``max_completion_length``), Dr. GRPO's
+        loss_type: how per-token losses are averaged (an episode is one rollout: its calls make one
+            merged sequence or several, see ``episode_tokens``):
+            ``grpo``: mean over each episode's masked tokens, then mean over episodes;
+            ``dr_grpo``: sum over all masked tokens / (episodes * ``max_completion_length``), Dr. GRPO's
             constant normaliser (no length bias);
             ``dapo``: sum over all masked tokens / number of masked tokens (token-level mean).
         epsilon, epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
@@ -115,7 +117,12 @@ def grpo_loss(
             exact when a batch gets one optimizer step) and the sampler/trainer mismatch is corrected
             by the per-token weight ``min(exp(logprobs.detach() - behavior_logprobs), tis_cap)``.
         entropy: [B, T] optional per-token entropies, only reported (masked mean).
-        total_sequences, total_tokens: the whole batch's sequence count and masked-token count when
+        episode_tokens: [B] masked tokens of each sequence's whole episode, counted over every
+            sequence of that episode (in this batch or not). The episode, not the call, is the unit of
+            the average: otherwise an episode split into k calls weighs k times, and since failed
+            episodes tend to run longer, every token all calls share (the tool-call format) would be
+            pushed down step after step. Default: each sequence is its own episode.
+        total_episodes, total_tokens: the whole batch's episode count and masked-token count when
             this call sees one micro-batch of it; the micro-batch losses then sum to the full-batch
             loss, so gradient accumulation reproduces one big batch exactly. Default: this batch's.
 
@@ -152,12 +159,13 @@ def grpo_loss(
         if beta > 0.0:
             per_token = per_token + beta * kl
 
-    num_sequences = total_sequences or logprobs.shape[0]
+    num_episodes = total_episodes or logprobs.shape[0]
     masked = per_token * mask
     if loss_type == "grpo":
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
+        tokens = mask.sum(-1) if episode_tokens is None else episode_tokens.to(mask.dtype)
+        loss = (masked.sum(-1) / tokens.clamp(min=1.0)).sum() / num_episodes
     elif loss_type == "dr_grpo":
-        loss = masked.sum() / (num_sequences * max_completion_length)
+        loss = masked.sum() / (num_episodes * max_completion_length)
     else:
         loss = masked.sum() / (total_tokens or mask.sum().clamp(min=1.0))
 

@@ -3,8 +3,9 @@
 One :meth:`Learner.train_step` is one optimizer step on one batch of sequences. The batch is split
 into micro-batches by a token budget; each micro-batch's loss is scaled to its share of the full batch
 (see :func:`trainer.grpo.grpo_loss`), so gradient accumulation gives the gradient of the whole batch.
-The KL to the base model is computed by the same model with its adapter disabled, so no second
-model is held in memory.
+The KL reference is the policy training started from: the base model (the same model with its
+adapter disabled) or, with ``init_adapter``, that warm start loaded as a second, frozen adapter. No
+second model is held in memory.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
+
+TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads first
+REFERENCE_ADAPTER = "reference"
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ class Learner:
     """A causal LM with a trainable LoRA adapter, AdamW and a learning-rate schedule.
 
     ``init_adapter``: a peft adapter directory (e.g. from ``rft sft``) to start from instead of a
-    fresh adapter; its LoRA shape wins over ``lora``.
+    fresh adapter; its LoRA shape wins over ``lora``. With ``beta > 0`` it is also the KL reference:
+    the penalty keeps the policy near its warm start (where the tool-call format was learned), not
+    near the bare base model.
     """
 
     def __init__(
@@ -95,8 +101,13 @@ class Learner:
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.
         torch.manual_seed(seed)
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.reference_adapter: str | None = None
         if init_adapter is not None:
             self.model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+            if loss.beta > 0.0:
+                self.model.load_adapter(str(init_adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+                self.model.set_adapter(TRAINED_ADAPTER)
+                self.reference_adapter = REFERENCE_ADAPTER
         else:
             config = LoraConfig(
                 r=lora.r,
@@ -150,6 +161,13 @@ class Learner:
         settings = self.loss_settings
         total_sequences = len(sequences)
         total_tokens = sum(sequence.num_completion_tokens for sequence in sequences)
+        # A rollout's calls may be several sequences (possibly in different micro-batches): the loss
+        # averages per episode, so each sequence needs its whole episode's token count.
+        episode_tokens: dict[str, int] = {}
+        for sequence in sequences:
+            episode_tokens[sequence.rollout_id] = (
+                episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
+            )
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -177,7 +195,8 @@ class Learner:
                 beta=settings.beta,
                 tis_cap=settings.tis_cap,
                 entropy=entropy,
-                total_sequences=total_sequences,
+                episode_tokens=torch.tensor([episode_tokens[sequence.rollout_id] for sequence in micro]),
+                total_episodes=len(episode_tokens),
                 total_tokens=total_tokens,
             )
             if not torch.isfinite(loss):
@@ -228,15 +247,30 @@ class Learner:
 
     @torch.no_grad()
     def _reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with self.model.disable_adapter():
+        if self.reference_adapter is None:
+            with self.model.disable_adapter():
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return token_logprobs(logits, input_ids)
+        # peft switches which adapter is trainable along with the active one: switch back at once.
+        # Eval mode: the reference is a fixed policy, so no LoRA dropout in its pass.
+        self.model.set_adapter(self.reference_adapter, inference_mode=True)
+        self.model.eval()
+        try:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        finally:
+            self.model.train()
+            self.model.set_adapter(TRAINED_ADAPTER)
         return token_logprobs(logits, input_ids)
 
     def save_adapter(self, directory: str | Path) -> Path:
         """Write the adapter in peft format (``adapter_config.json`` + safetensors) to ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(directory))
+        # Only the LoRA weights: peft would also copy the frozen embedding matrices whenever
+        # embed_tokens is a target (a full vocabulary's worth on every hot-load).
+        self.model.save_pretrained(
+            str(directory), selected_adapters=[TRAINED_ADAPTER], save_embedding_layers=False
+        )
         return directory
 
     def training_state(self) -> dict[str, Any]:

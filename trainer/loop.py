@@ -44,6 +44,7 @@ from trainer.fanout import (
     RolloutOutcome,
     RolloutRequest,
     group_is_trainable,
+    mean_agent_metrics,
     resolve_reward,
 )
 from trainer.grpo import group_advantages
@@ -305,6 +306,7 @@ def _step_record(
             "per_s": len(played) / rollout_s if rollout_s > 0 else 0.0,
         },
         "failures": failures.as_dict(),
+        "agent_metrics": mean_agent_metrics([rollout.outcome for rollout in played]),
         "groups": {
             "total": len({rollout.request.group_index for rollout in played}),
             "dropped": batch.dropped_groups,
@@ -415,16 +417,19 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
             result = evaluate(
                 eval_rows,
                 step=step,
-                make_request=lambda index, row: session.request(
+                make_request=lambda index, row, generation: session.request(
                     row,
-                    f"eval-{step}-{index}-{uuid.uuid4().hex[:8]}",
+                    f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
                     index,
                     temperature=config.eval_temperature,
-                    seed=derived_seed(config.seed, "eval", step, index),
+                    # The same seeds at every evaluation: before and after sample with the same
+                    # random numbers, so their difference is the policy's, not the dice's.
+                    seed=derived_seed(config.seed, "eval", index, generation),
                 ),
                 play=session.play_outcomes,
                 success_threshold=config.success_threshold,
                 adapter_version=state.adapter_version,
+                generations=config.eval_generations,
             )
             state.evaluations.append(result.as_dict())
             log.info(

@@ -10,7 +10,7 @@ user messages, tool results, the template's role headers) is context.
 The adapter is saved in peft format, the same as the GRPO learner's versions, so ``rft train`` can
 start from it.
 
-    rft sft --model MODEL_DIR --maze-demos 300 --out runs/sft-adapter --steps 400 \\
+    rft sft --model MODEL_DIR --maze-demos 300 --maze-noise 0.3 --out runs/sft-adapter --steps 400 \\
         --target-modules embed_tokens,q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
     rft sft --model MODEL_DIR --data demos.jsonl --out runs/sft-adapter --steps 200
 """
@@ -209,7 +209,7 @@ def run_sft(
         if on_step is not None:
             on_step(step, result.losses[-1])
     result.adapter_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(result.adapter_dir))
+    model.save_pretrained(str(result.adapter_dir), save_embedding_layers=False)  # LoRA weights only
     result.seconds = time.monotonic() - started
     return result
 
@@ -224,7 +224,15 @@ def _parser() -> argparse.ArgumentParser:
         "--data", type=Path, help='JSONL of {"messages": [...], "tools": [...]} demonstrations'
     )
     source.add_argument(
-        "--maze-demos", type=int, metavar="N", help="N shortest-path demonstrations on training mazes"
+        "--maze-demos", type=int, metavar="N", help="demonstrations walked on N training mazes"
+    )
+    parser.add_argument(
+        "--maze-noise",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="with --maze-demos: the walker's chance of a random move instead of a shortest-path one "
+        "(default 0: perfect demonstrations)",
     )
     parser.add_argument("--out", required=True, type=Path, help="directory to write the adapter into")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from agents.maze.demonstrations import maze_demonstrations
 
-            demonstrations = maze_demonstrations(args.maze_demos)
+            demonstrations = maze_demonstrations(args.maze_demos, noise=args.maze_noise, seed=args.seed)
         every = max(1, args.steps // 10)
 
         def report(step: int, loss: float) -> None:

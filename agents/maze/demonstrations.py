@@ -1,20 +1,27 @@
-"""Shortest-path demonstrations for supervised warm starts (``rft sft --maze-demos N``).
+"""Walker demonstrations for supervised warm starts (``rft sft --maze-demos N [--maze-noise P]``).
 
-One demonstration per model call of a perfectly played episode: the chat request the maze agent
-sends for that call (system prompt, tools, and what ``keep_last_observation`` leaves: the opening
-observation, or the previous move and its observation) followed by the right move. The requests
-are built with Strands' own OpenAI formatting, so they render token for token like a real rollout.
+One demonstration per model call of a walked episode: the chat request the maze agent sends for that
+call (system prompt, tools, and what ``keep_last_observation`` leaves: the opening observation, or
+the previous move and its observation) followed by the walker's move. The requests are built with
+Strands' own OpenAI formatting, so they render token for token like a real rollout.
+
+The walker takes a shortest-path move from wherever it stands, except that with probability
+``noise`` it moves in a random direction instead (a wall, a step away from the goal, or by chance
+the right move), until it reaches the goal or runs out of moves. ``noise=0`` is the perfect walker.
+A noisy walker is a deliberately imperfect teacher: imitating it learns the tool-call format
+exactly and the walking only roughly, which leaves reinforcement learning something to improve.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from strands.models.openai import OpenAIModel
 from strands.types.content import Message, Messages
 
 from agents.maze.dataset import row_maze, train_rows
-from agents.maze.env import Maze, MazeGame
+from agents.maze.env import Direction, Maze, MazeGame
 from agents.maze.main import SYSTEM_PROMPT, move_tool
 from agents.maze.render import start_text, step_text
 from agents.maze.solver import shortest_path
@@ -30,10 +37,18 @@ def _observation(index: int, text: str) -> Message:
     return {"role": "user", "content": [{"toolResult": result}]}
 
 
-def episode_demonstrations(maze: Maze) -> list[dict[str, Any]]:
-    """``{"messages": [...], "tools": [...]}`` in OpenAI chat format, one per move of a shortest path."""
-    path = shortest_path(maze)
-    if path is None:
+def episode_demonstrations(
+    maze: Maze, noise: float = 0.0, rng: random.Random | None = None
+) -> list[dict[str, Any]]:
+    """``{"messages": [...], "tools": [...]}`` in OpenAI chat format, one per move of the walker.
+
+    ``noise`` is the chance of a random move instead of a shortest-path one (drawn from ``rng``).
+    """
+    if not 0.0 <= noise <= 1.0:
+        raise ValueError(f"noise must be between 0 and 1, got {noise}")
+    if noise > 0.0 and rng is None:
+        raise ValueError("a noisy walker needs rng (a random.Random) for its random moves")
+    if shortest_path(maze) is None:
         raise ValueError("the maze has no path from start to goal")
     game = MazeGame(maze)
     # The client is never used: format_request only shapes the request body.
@@ -41,15 +56,31 @@ def episode_demonstrations(maze: Maze) -> list[dict[str, Any]]:
     tool_specs = [move_tool(MazeGame(maze)).tool_spec]
     context: Messages = [{"role": "user", "content": [{"text": start_text(game)}]}]
     demonstrations = []
-    for index, direction in enumerate(path):
+    index = 0
+    while not game.done:
+        if noise > 0.0 and rng is not None and rng.random() < noise:
+            direction = rng.choice(list(Direction))
+        else:
+            direction = (shortest_path(maze, game.position) or [])[0]
         move = _call(index, direction.value)
         request = model.format_request([*context, move], tool_specs, SYSTEM_PROMPT)
         demonstrations.append({"messages": request["messages"], "tools": request["tools"]})
         result = game.step(direction)
         context = [move, _observation(index, step_text(game, result))]
+        index += 1
     return demonstrations
 
 
-def maze_demonstrations(count: int, first_seed: int = 0) -> list[dict[str, Any]]:
-    """Demonstrations of every move on ``count`` training mazes (never the evaluation mazes)."""
-    return [demo for row in train_rows(count, first_seed) for demo in episode_demonstrations(row_maze(row))]
+def maze_demonstrations(
+    count: int, first_seed: int = 0, *, noise: float = 0.0, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Demonstrations of every move on ``count`` training mazes (never the evaluation mazes).
+
+    ``noise``: the walker's chance of a random move (see the module docstring); ``seed`` seeds them.
+    """
+    rng = random.Random(f"maze-walker-{seed}")
+    return [
+        demo
+        for row in train_rows(count, first_seed)
+        for demo in episode_demonstrations(row_maze(row), noise, rng)
+    ]

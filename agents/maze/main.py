@@ -7,6 +7,8 @@ one after every move as the tool result; each model call sees only the latest mo
 spent; the agent then stops without another model call. The model may also stop on its own by
 answering in plain text instead of calling ``move``. Reward: 1.0 only when the goal was reached
 within the move limit, else 0.0 (also when the model endpoint refused to play, e.g. with a 400).
+Metrics: ``solved``, ``moves`` and ``stopped`` (1.0 when the model ended the episode itself, short of
+the goal with moves left: how often the policy drops the tool-call format).
 
 Run locally with ``python -m agents.maze.main`` (port 8080), then ``rft smoke http://localhost:8080
 --payload agents/maze/payloads/smoke.json``.
@@ -115,7 +117,9 @@ async def rollout(row: Any, ctx: RolloutContext) -> dict[str, Any]:
     )
     return {
         "reward": game.reward,
-        "metrics": {"solved": game.reward, "moves": float(len(game.moves))},
+        # stopped: the episode ended with moves left short of the goal (a plain-text answer or a
+        # malformed tool call), as opposed to running out of moves.
+        "metrics": {"solved": game.reward, "moves": float(len(game.moves)), "stopped": float(not game.done)},
     }
 
 

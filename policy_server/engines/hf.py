@@ -274,6 +274,8 @@ class HFEngine:
                 return True
             self._adapters.discard(version)
             if self._adapters:
+                # Activate a remaining adapter first: peft warns when the active one is deleted.
+                self._model.set_adapter(f"v{max(self._adapters)}")
                 self._model.delete_adapter(f"v{version}")
             else:
                 # peft cannot delete its last adapter; unwrapping restores the untouched base modules.

@@ -142,7 +142,7 @@ def test_shortest_path_reaches_the_goal(agent_url: str, model: tuple[ScriptedMod
     response = play(agent_url, endpoint, "win")
     assert response.status_code == 200, response.text
     result = response.json()
-    assert result["reward"] == 1.0 and result["metrics"]["moves"] == len(path)
+    assert result["metrics"] == {"solved": 1.0, "moves": len(path), "stopped": 0.0}
     # The agent stops at the goal: one model call per move, none after.
     requests = scripted.requests["win"]
     assert len(requests) == len(path)
@@ -174,7 +174,8 @@ def test_walking_into_walls_runs_out_of_moves(agent_url: str, model: tuple[Scrip
     back = {"up": "down", "down": "up", "left": "right", "right": "left"}[first.value]
     scripted.scripts["lose"] = [first.value, back] * maze.move_limit
     result = play(agent_url, endpoint, "lose").json()
-    assert result["reward"] == 0.0 and result["metrics"]["moves"] == maze.move_limit
+    assert result["reward"] == 0.0
+    assert result["metrics"] == {"solved": 0.0, "moves": maze.move_limit, "stopped": 0.0}
     assert len(scripted.requests["lose"]) == maze.move_limit
     assert reports_for(scripted, "lose")["/update-reward"]["Rewards"] == [0.0]
 
@@ -183,7 +184,8 @@ def test_stopping_early_scores_zero(agent_url: str, model: tuple[ScriptedModel, 
     scripted, endpoint = model
     scripted.scripts["stop"] = ["down", "I am done."]
     result = play(agent_url, endpoint, "stop").json()
-    assert result["reward"] == 0.0 and result["metrics"]["moves"] == 1
+    assert result["reward"] == 0.0
+    assert result["metrics"] == {"solved": 0.0, "moves": 1.0, "stopped": 1.0}
     assert len(scripted.requests["stop"]) == 2
 
 

@@ -153,8 +153,13 @@ def test_streaming_and_non_streaming_sample_the_same_tokens_for_a_seed(
     served: tuple[PolicyServer, ServerThread],
 ) -> None:
     server, thread = served
-    server.open_rollout(JOB, "stream")
-    client = openai.OpenAI(base_url=f"{thread.url}/v1", api_key="unused", default_headers=_headers("stream"))
+    # Two rollouts, one call each: the same seed at the same position in a rollout samples the same way.
+    clients = {}
+    for rollout_id in ("whole", "streamed"):
+        server.open_rollout(JOB, rollout_id)
+        clients[rollout_id] = openai.OpenAI(
+            base_url=f"{thread.url}/v1", api_key="unused", default_headers=_headers(rollout_id)
+        )
     request = {
         "model": "default",
         "messages": [
@@ -164,11 +169,14 @@ def test_streaming_and_non_streaming_sample_the_same_tokens_for_a_seed(
         "temperature": 1.0,
         "seed": 1234,
     }
-    whole = client.chat.completions.create(**request)
+    whole = clients["whole"].chat.completions.create(**request)
     chunks = list(
-        client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+        clients["streamed"].chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
     )
-    client.close()
+    for client in clients.values():
+        client.close()
 
     streamed_text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     finish = [chunk.choices[0] for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
@@ -178,7 +186,33 @@ def test_streaming_and_non_streaming_sample_the_same_tokens_for_a_seed(
     assert streamed_text == (whole.choices[0].message.content or "")
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
 
-    trace = server.take_trace(JOB, "stream")
-    assert len(trace.calls) == 2
-    assert trace.calls[0].completion_token_ids == trace.calls[1].completion_token_ids
-    assert trace.calls[0].messages[0]["content"] == "Count\n!"
+    whole_trace, streamed_trace = server.take_trace(JOB, "whole"), server.take_trace(JOB, "streamed")
+    assert whole_trace.calls[0].completion_token_ids == streamed_trace.calls[0].completion_token_ids
+    assert whole_trace.calls[0].messages[0]["content"] == "Count\n!"
+
+
+def test_a_rollout_seed_replays_the_rollout_and_its_calls_draw_independently(
+    served: tuple[PolicyServer, ServerThread],
+) -> None:
+    """The same prompt sent four times in one rollout with its one seed: four different samples (the
+    server mixes in each call's position), and a second rollout with that seed replays all four."""
+    server, thread = served
+    request = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Move."}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 1.0,
+        "seed": 99,
+    }
+    samples = {}
+    for rollout_id in ("first", "replay"):
+        server.open_rollout(JOB, rollout_id)
+        client = openai.OpenAI(
+            base_url=f"{thread.url}/v1", api_key="unused", default_headers=_headers(rollout_id)
+        )
+        for _ in range(4):
+            client.chat.completions.create(**request)
+        client.close()
+        samples[rollout_id] = [call.completion_token_ids for call in server.take_trace(JOB, rollout_id).calls]
+    assert samples["first"] == samples["replay"]
+    assert len({tuple(ids) for ids in samples["first"]}) == 4, samples["first"]

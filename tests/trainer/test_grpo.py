@@ -92,6 +92,33 @@ def test_grpo_loss_types_by_hand() -> None:
     assert "kl" not in metrics and "entropy" not in metrics
 
 
+def test_grpo_averages_per_episode_so_splitting_calls_changes_nothing() -> None:
+    # The batch's two sequences as two calls of one episode (same advantage +1 for both): the grpo
+    # loss is the episode's token mean, as if the calls were one merged sequence, not the mean of
+    # the two per-call means.
+    logprobs, behavior, _, mask = make_batch()
+    advantages = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    # per-token losses: seq 0 as before (-1.0, -1.2, -0.7); seq 1 with A = +1: r=0.5 -> -0.5,
+    # r=1.1 -> -1.1. One episode of 5 tokens: (-2.9 - 1.6) / 5.
+    episode = torch.tensor([5, 5])
+    split, _ = grpo_loss(
+        logprobs, behavior, advantages, mask, loss_type="grpo", episode_tokens=episode, total_episodes=1
+    )
+    assert split.item() == pytest.approx(-4.5 / 5)
+    merged_lp = torch.cat([logprobs[0, :4], logprobs[1, 1:3]]).unsqueeze(0)
+    merged_behavior = torch.cat([behavior[0, :4], behavior[1, 1:3]]).unsqueeze(0)
+    merged_mask = torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.float64)
+    merged, _ = grpo_loss(merged_lp, merged_behavior, advantages[:1], merged_mask, loss_type="grpo")
+    assert merged.item() == pytest.approx(split.item())
+    # Without episodes each call counts as one: (-2.9 / 3 - 1.6 / 2) / 2.
+    per_call, _ = grpo_loss(logprobs, behavior, advantages, mask, loss_type="grpo")
+    assert per_call.item() == pytest.approx((-2.9 / 3 - 1.6 / 2) / 2)
+    dr_grpo, _ = grpo_loss(
+        logprobs, behavior, advantages, mask, loss_type="dr_grpo", max_completion_length=4, total_episodes=1
+    )
+    assert dr_grpo.item() == pytest.approx(-4.5 / 4)
+
+
 def test_clipped_tokens_give_no_gradient_and_unclipped_ones_do() -> None:
     logprobs, behavior, advantages, mask = make_batch()
     loss, _ = grpo_loss(logprobs, behavior, advantages, mask, loss_type="dapo")
@@ -210,7 +237,7 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss(loss_type: str) -> None:
             behavior[i : i + 1],
             advantages[i : i + 1],
             mask[i : i + 1],
-            total_sequences=2,
+            total_episodes=2,
             total_tokens=5,
             **kwargs,
         )[0]

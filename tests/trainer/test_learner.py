@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from trainer.grpo import token_logprobs
-from trainer.learner import Learner, LossSettings, OptimizerSettings
+from trainer.learner import REFERENCE_ADAPTER, Learner, LossSettings, OptimizerSettings
 from trainer.sequences import TrainingSequence
 
 
-def _sequences(learner: Learner, advantages: list[float], seed: int = 0) -> list[TrainingSequence]:
-    """Random prompts + completions; behavior logprobs are the model's own (an on-policy sample)."""
+def _sequences(
+    learner: Learner, advantages: list[float], seed: int = 0, episodes: list[str] | None = None
+) -> list[TrainingSequence]:
+    """Random prompts + completions; behavior logprobs are the model's own (an on-policy sample).
+
+    ``episodes`` names each sequence's rollout (default: one rollout per sequence)."""
     rng = random.Random(seed)
     vocab = learner.model.config.vocab_size
     sequences = []
@@ -30,7 +34,7 @@ def _sequences(learner: Learner, advantages: list[float], seed: int = 0) -> list
         mask = [0] * len(prompt) + [1] * len(completion)
         sequences.append(
             TrainingSequence(
-                rollout_id=f"r{index}",
+                rollout_id=episodes[index] if episodes else f"r{index}",
                 token_ids=ids,
                 loss_mask=mask,
                 behavior_logprobs=[lp if m else 0.0 for lp, m in zip(logprobs, mask, strict=True)],
@@ -91,8 +95,42 @@ def test_kl_to_the_base_model_is_zero_at_init_and_grows_with_training(tiny_model
     assert last.metrics["kl"] > 1e-6
 
 
-def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_dir: Path) -> None:
-    sequences = _sequences(_learner(tiny_model_dir), [1.0, -1.0, 0.5, -0.5])
+def test_kl_reference_is_the_warm_start_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trained = _learner(tiny_model_dir)
+    trained.train_step(_sequences(trained, [1.0, -1.0]))
+    saved = trained.save_adapter(tmp_path / "sft")
+    warm = Learner(
+        tiny_model_dir,
+        init_adapter=saved,
+        optimizer=OptimizerSettings(learning_rate=1e-2, max_steps=10),
+        loss=LossSettings(beta=0.1),
+    )
+    trainable_names = {name for name, param in warm.model.named_parameters() if param.requires_grad}
+    sequences = _sequences(warm, [1.0, -1.0, 0.5, -0.5])
+    # The warm start differs from the base model, yet the KL starts at zero: it is measured against it.
+    assert warm.train_step(sequences, seed=0).metrics["kl"] == 0.0
+    for step in range(3):
+        last = warm.train_step(sequences, seed=step)
+    assert last.metrics["kl"] > 1e-6
+    # The reference pass leaves the trained adapter trainable and the reference frozen.
+    assert {name for name, param in warm.model.named_parameters() if param.requires_grad} == trainable_names
+    assert all(REFERENCE_ADAPTER not in name for name in trainable_names)
+    # Only the trained adapter is saved, at the top of the directory.
+    out = warm.save_adapter(tmp_path / "trained")
+    assert sorted(path.name for path in out.iterdir() if path.is_dir()) == []
+    fresh = Learner(tiny_model_dir, init_adapter=out)
+    a, b = warm.adapter_state(), fresh.adapter_state()
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.parametrize("episodes", [None, ["a", "b", "a", "b"]], ids=["call-per-episode", "split-episodes"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(
+    tiny_model_dir: Path, episodes: list[str] | None
+) -> None:
+    # Split episodes: each rollout's two calls land in different micro-batches, so each micro-batch
+    # must be normalised by its episodes' whole token counts.
+    advantages = [1.0, -1.0, 1.0, -1.0] if episodes else [1.0, -1.0, 0.5, -0.5]
+    sequences = _sequences(_learner(tiny_model_dir), advantages, episodes=episodes)
     whole, split = _learner(tiny_model_dir), _learner(tiny_model_dir)
     split.micro_batch_tokens = 20
     one, many = whole.train_step(sequences).metrics, split.train_step(sequences).metrics

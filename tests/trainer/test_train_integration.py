@@ -29,6 +29,8 @@ def test_three_steps_advance_the_adapter_and_leave_metrics_and_checkpoints(
     assert [record["step"] for record in records] == [1, 2, 3]
     for record in records:
         assert record["rollouts"]["total"] == 8 and record["rollouts"]["failed"] == 0
+        # The letters agent reports the length of its replies: averaged over the step's rollouts.
+        assert set(record["agent_metrics"]) == {"reply_chars"} and record["agent_metrics"]["reply_chars"] > 0
         assert record["update"]["applied"] is True
         assert record["tokens"]["prefill"] > 0 and record["tokens"]["sample"] > 0
         assert record["tokens"]["train"] > 0
