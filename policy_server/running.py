@@ -23,6 +23,9 @@ from policy_server.server import PolicyServer
 ResultT = TypeVar("ResultT")
 
 START_TIMEOUT_S = 120.0
+# Uvicorn's graceful shutdown (5 s) plus closing the engine; past this, stop() gives up waiting (the
+# thread is a daemon and ends with the process), so Ctrl-C always stops `rft serve`.
+STOP_TIMEOUT_S = 30.0
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
@@ -144,7 +147,12 @@ class ServerThread:
         if self._uvicorn is None or self._thread is None:
             return
         self._uvicorn.should_exit = True
-        self._thread.join()
+        self._thread.join(STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            print(
+                f"The policy server did not stop within {STOP_TIMEOUT_S:.0f} s; it ends with this process.",
+                file=sys.stderr,
+            )
 
     def __enter__(self) -> ServerThread:
         return self.start()

@@ -62,7 +62,7 @@ class DemoPlan:
     # Token-level averaging: every sampled token counts alike. 'grpo' (a mean per episode) gives the
     # tokens of short episodes, which end on a malformed call, the most weight: it broke the format.
     loss_type: str = "dapo"
-    beta: float = 0.04  # KL to the warm start, which holds the tool-call format in place
+    beta: float = 0.04  # KL penalty toward the warm start (the reference when init_adapter is set)
     # Evaluation samples the policy as it trains (temperature 1), this many rollouts per maze.
     eval_generations: int = 2
     hidden_size: int = 128
