@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 from pathlib import Path
 
@@ -63,6 +64,20 @@ def _engine(args: argparse.Namespace) -> Engine:
     return HFEngine(args.model)
 
 
+def _stop_on_interrupt_or_term() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM both stop the server.
+
+    Python leaves SIGINT ignored when its parent started it so (a background job of a
+    non-interactive shell, some CI runners): the server would then ignore Ctrl-C for good.
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not (args.model / "config.json").is_file():
@@ -71,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
         print(f"rft serve: {args.adapter} is not a peft adapter directory (no adapter_config.json in it)")
         return 2
+    _stop_on_interrupt_or_term()
     server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
     try:

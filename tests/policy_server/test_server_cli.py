@@ -20,7 +20,15 @@ JOB = "arn:local:job/dev"
 def test_serve_opens_a_job_for_interactive_use(tiny_model_dir: Path) -> None:
     command = [sys.executable, "-u", "-m", "handlers.cli", "serve", "--model", str(tiny_model_dir)]
     command += ["--engine", "hf", "--port", "0", "--open-job", JOB, "--max-tokens", "8", "--api-key", "k"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # Started with SIGINT ignored, as a background job of a non-interactive shell is: Ctrl-C must
+    # stop it all the same (it once hung here under a CI runner that starts jobs that way).
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         assert process.stdout is not None
         printed = []
