@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from trainer.config import TrainConfig
+from trainer.sft import PROJECTION_MODULES
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,8 @@ QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=300, grpo_steps=16, r
 # A model built from scratch has no shared direction in its random embeddings and a random output
 # layer: the adapter needs the embeddings (so attention can learn positional patterns) and lm_head
 # (so logits can become confident) besides every projection. A pretrained --model needs neither.
-TINY_TARGET_MODULES = [
-    "embed_tokens",
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "lm_head",
-]
-PRETRAINED_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
+PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
 AGENT_PORT_FOR_RERUN = 8080
 
 

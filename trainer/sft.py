@@ -31,16 +31,8 @@ import torch
 
 # A model built from scratch has a random output layer whose logits are too small to ever become
 # confident, so the adapter needs lm_head besides every projection (vLLM serves lm_head LoRA too).
-DEFAULT_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "lm_head",
-)
+PROJECTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGET_MODULES = (*PROJECTION_MODULES, "lm_head")
 IGNORE = -100
 MAX_GRAD_NORM = 1.0
 
