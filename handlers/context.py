@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 DEFAULT_MODEL_ID = "default"
 # The openai client insists on some key; a policy server without auth ignores it.
 UNAUTHENTICATED_API_KEY = "rftkit-no-key"
+# A model call's timeout when the payload names no deadline (the service's own payloads): the
+# libraries' defaults (600 s, 2 retries) could hold an episode for half an hour.
+DEFAULT_CALL_TIMEOUT_S = 120.0
+DEFAULT_CALL_RETRIES = 1
+CONNECT_TIMEOUT_S = 10.0
 
 
 @functools.cache
@@ -58,6 +64,21 @@ class RolloutContext:
         self.payload = payload
         self.row = row
         self.request_context = request_context
+        timeout_s = payload.rftkit.timeout_s if payload.rftkit is not None else None
+        # When the trainer stops waiting for this rollout; every model call ends by then.
+        self.deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+
+    def call_timeout(self) -> httpx.Timeout:
+        """A model call's timeout: what is left until the rollout's deadline (or a bounded default)."""
+        if self.deadline is None:
+            return httpx.Timeout(DEFAULT_CALL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        left = max(self.deadline - time.monotonic(), 0.001)
+        return httpx.Timeout(left, connect=min(left, CONNECT_TIMEOUT_S))
+
+    @property
+    def call_retries(self) -> int:
+        """Retries the openai client may make: none within a deadline, which a retry would overrun."""
+        return 0 if self.deadline is not None else DEFAULT_CALL_RETRIES
 
     @property
     def job_arn(self) -> str:
@@ -99,7 +120,11 @@ class RolloutContext:
         return self.inference_params.openai_params()
 
     def client_args(self) -> dict[str, Any]:
-        """Keyword arguments for ``openai.OpenAI`` / ``openai.AsyncOpenAI`` aimed at this rollout."""
+        """Keyword arguments for ``openai.OpenAI`` / ``openai.AsyncOpenAI`` aimed at this rollout.
+
+        Timeouts end every call by the rollout's deadline; the clients this context makes also never
+        follow a redirect, which could lead a call (with this rollout's key) off the endpoint.
+        """
         if self.endpoint is None:
             raise MissingEndpointError(
                 "the payload has no metadata.endpoint, so this rollout has no model to call: "
@@ -109,33 +134,50 @@ class RolloutContext:
             "base_url": f"{self.endpoint}/v1",
             "api_key": self.api_key or UNAUTHENTICATED_API_KEY,
             "default_headers": self.headers,
+            "timeout": self.call_timeout(),
+            "max_retries": self.call_retries,
         }
 
     def openai_client(self, **overrides: Any) -> openai.OpenAI:
         """A synchronous OpenAI client for this rollout; ``overrides`` go to ``openai.OpenAI``."""
         import openai
 
-        http_client = openai.DefaultHttpxClient(verify=shared_ssl_context())
+        http_client = openai.DefaultHttpxClient(verify=shared_ssl_context(), follow_redirects=False)
         return openai.OpenAI(**{**self.client_args(), "http_client": http_client, **overrides})
 
     def async_openai_client(self, **overrides: Any) -> openai.AsyncOpenAI:
         """An asynchronous OpenAI client for this rollout; ``overrides`` go to ``openai.AsyncOpenAI``."""
         import openai
 
-        http_client = openai.DefaultAsyncHttpxClient(verify=shared_ssl_context())
+        http_client = openai.DefaultAsyncHttpxClient(verify=shared_ssl_context(), follow_redirects=False)
         return openai.AsyncOpenAI(**{**self.client_args(), "http_client": http_client, **overrides})
 
     def strands_model(self, **overrides: Any) -> OpenAIModel:
         """A Strands ``OpenAIModel`` for this rollout.
 
         ``overrides`` replace sampling parameters (``temperature=0.2``) or add request fields
-        (``extra_body={...}``); ``model_id=`` replaces the model name.
+        (``extra_body={...}``); ``model_id=`` replaces the model name. Its calls end by the
+        rollout's deadline (the timeout is what is left when this model is made) and follow no
+        redirect.
         """
-        from strands.models.openai import OpenAIModel
-
         model_id = overrides.pop("model_id", self.model_id)
-        return OpenAIModel(
+        return _rollout_model_class()(
             client_args=self.client_args(),
             model_id=model_id,
             params={**self.openai_params(), **overrides},
         )
+
+
+@functools.cache
+def _rollout_model_class() -> type[OpenAIModel]:
+    """Strands' ``OpenAIModel``, giving each request's client an http client that follows no redirect."""
+    import openai
+    from strands.models.openai import OpenAIModel
+
+    class RolloutOpenAIModel(OpenAIModel):
+        def _resolve_client_args(self) -> dict[str, Any]:
+            # Strands makes (and closes) a client per request, so the http client is made per request too.
+            http_client = openai.DefaultAsyncHttpxClient(verify=shared_ssl_context(), follow_redirects=False)
+            return {**super()._resolve_client_args(), "http_client": http_client}
+
+    return RolloutOpenAIModel

@@ -33,7 +33,8 @@ from bedrock_agentcore.runtime import BedrockAgentCoreApp
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from handlers.context import InvalidRowError, RolloutContext
+from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
+from handlers.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadLimits
 from handlers.protocol import (
     ResultStatus,
     RftkitExtras,
@@ -231,6 +232,8 @@ def _finish(
     if isinstance(raised, InvalidRowError):
         logger.warning("rollout function %s refused its row: %s", name, raised)
         return failed, _error(f"invalid row: {raised}", 400)
+    if isinstance(raised, MissingEndpointError):  # the payload's fault, not the agent's
+        return failed, _error(f"invalid rollout payload: {raised}", 400)
     if raised is not None:
         logger.error("rollout function %s raised", name, exc_info=raised)
         return failed, _error(f"{type(raised).__name__}: {raised}", 500)
@@ -331,9 +334,18 @@ def rft_handler(fn: RolloutFunction | None = None, *, row_format: RowFormat = "r
 
 
 def rft_app(
-    fn: RolloutFunction, *, row_format: RowFormat = "raw", app: BedrockAgentCoreApp | None = None
+    fn: RolloutFunction,
+    *,
+    row_format: RowFormat = "raw",
+    app: BedrockAgentCoreApp | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> BedrockAgentCoreApp:
-    """A ``BedrockAgentCoreApp`` (``app`` or a new one) serving ``fn`` as its rollout entrypoint."""
+    """A ``BedrockAgentCoreApp`` (``app`` or a new one) serving ``fn`` as its rollout entrypoint.
+
+    Payloads over ``max_payload_bytes`` answer 413 and JSON nested past what Python parses answers
+    400, both before the app reads them.
+    """
     app = app if app is not None else BedrockAgentCoreApp()
     app.entrypoint(rft_handler(fn, row_format=row_format))
+    app.add_middleware(PayloadLimits, max_bytes=max_payload_bytes)
     return app

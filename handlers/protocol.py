@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -86,6 +87,15 @@ class RolloutMetadata(BaseModel):
             value = value[: -len("/v1")]
         if not value.startswith(("http://", "https://")):
             raise ValueError("endpoint must be an http:// or https:// URL")
+        if any(char.isspace() or not char.isprintable() for char in value):
+            raise ValueError("endpoint must not contain spaces or control characters")
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError when the port is out of range
+        except ValueError as error:
+            raise ValueError(f"endpoint is not a usable URL: {error}") from None
+        if not parts.hostname:
+            raise ValueError("endpoint must name a host")
         return value
 
 
@@ -144,6 +154,12 @@ class RftkitExtras(BaseModel):
         description="Bearer key for the policy endpoint, when it requires one.",
     )
     evaluation: bool = Field(default=False, description="True for evaluation rollouts.")
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Seconds the trainer waits for this rollout; the agent's model calls end by then.",
+    )
 
     @field_validator("api_key")
     @classmethod

@@ -13,10 +13,19 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.jobs import Rejection
+
+# What a client may pass to the chat template: switches the templates in use read, as plain values.
+# Never a template (`chat_template`: a client's Jinja runs on the server) and never the tokenizer's
+# own arguments (`tokenize`, `return_tensors`, ...), which change what rendering returns.
+ALLOWED_TEMPLATE_KWARGS = frozenset({"enable_thinking", "thinking", "reasoning_effort"})
+MAX_TEMPLATE_VALUE_CHARS = 64
+# Stop strings are checked against the decoded text at every sampled token: bound their work.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 class _Strict(BaseModel):
@@ -53,7 +62,7 @@ class ToolCall(_Strict):
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Annotated[TextPart | ImagePart, Field(discriminator="type")]] | None = None
-    name: str | None = None
+    name: str | None = Field(default=None, max_length=64)
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
@@ -99,8 +108,31 @@ class ChatCompletionRequest(_Strict):
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: str | None = Field(default=None, max_length=MAX_TEMPLATE_VALUE_CHARS)
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are accepted, got {len(strings)}")
+        if any(len(string) > MAX_STOP_CHARS for string in strings):
+            raise ValueError(f"a stop string may be at most {MAX_STOP_CHARS} characters long")
+        return stop
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _allowed_template_kwargs(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (kwargs or {}).items():
+            if key not in ALLOWED_TEMPLATE_KWARGS:
+                allowed = ", ".join(sorted(ALLOWED_TEMPLATE_KWARGS))
+                raise ValueError(f"{key!r} is not accepted here; the chat template takes only {allowed}")
+            if not (value is None or isinstance(value, bool | int | float | str)):
+                raise ValueError(f"{key!r} must be a plain value (true/false, a number or a string)")
+            if isinstance(value, str) and len(value) > MAX_TEMPLATE_VALUE_CHARS:
+                raise ValueError(f"{key!r} may be at most {MAX_TEMPLATE_VALUE_CHARS} characters long")
+        return kwargs
 
 
 def parse_request(body: bytes) -> ChatCompletionRequest:

@@ -27,7 +27,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
     )
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    parser.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on the agents' routes (/v1, feedback, /health)"
+    )
+    parser.add_argument(
+        "--admin-key",
+        help="serve /admin/* (open jobs, take traces, load adapters) to 'Authorization: Bearer KEY'; "
+        "unset: /admin/* is not served over HTTP. Never give it to agents",
+    )
+    parser.add_argument(
+        "--adapters-dir",
+        type=Path,
+        help="the only directory /admin/load-adapter loads adapters from (default: none)",
+    )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
     parser.add_argument(
         "--open-job",
@@ -37,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens cap of the --open-job job")
     parser.add_argument(
         "--max-calls-per-rollout", type=int, default=64, help="call cap per rollout of the --open-job job"
+    )
+    parser.add_argument(
+        "--max-open-rollouts",
+        type=int,
+        default=1024,
+        help="rollouts the --open-job job holds at once; more answer 429 (default: 1024)",
     )
     parser.add_argument(
         "--vllm-python", help="Python of vLLM's own environment (default: $RFTKIT_VLLM_PYTHON)"
@@ -86,8 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
         print(f"rft serve: {args.adapter} is not a peft adapter directory (no adapter_config.json in it)")
         return 2
+    if args.admin_key and args.admin_key == args.api_key:
+        print("rft serve: --admin-key must differ from --api-key (agents hold the API key)")
+        return 2
     _stop_on_interrupt_or_term()
-    server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
+    server = PolicyServer(
+        _engine(args),
+        policy_name=args.policy_name,
+        api_key=args.api_key,
+        admin_key=args.admin_key,
+        adapters_dir=args.adapters_dir,
+    )
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
     try:
         if args.adapter is not None:
@@ -100,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
                 max_tokens=args.max_tokens,
                 max_calls_per_rollout=args.max_calls_per_rollout,
                 auto_open_rollouts=True,
+                max_open_rollouts=args.max_open_rollouts,
             )
             print(f"job {args.open_job!r} is open; send these headers on every call:")
             print(f"  {JOB_ARN_HEADER}: {args.open_job}")
             print(f"  {TRAJECTORY_ID_HEADER}: <any id per episode>")
-        else:
+        elif args.admin_key:
             print(f"no job is open: calls answer 400 until one is opened (POST {thread.url}/admin/open-job)")
+        else:
+            print("no job is open: calls answer 400 (pass --open-job ARN, or --admin-key to open jobs)")
         if args.api_key:
             print("  Authorization: Bearer <your --api-key>")
         print("Ctrl-C stops the server.")

@@ -3,7 +3,8 @@
 - ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``, ``GET /health``
 - ``POST /complete-rollout``, ``POST /update-reward``: the agent's reports (wire protocol)
 - ``/admin/...``: the trainer's operations over HTTP (open/close job, open rollout, take trace,
-  load adapter, counters)
+  load adapter, counters), served only to the holder of the admin key; the trainer itself calls
+  :class:`~policy_server.server.PolicyServer` in process, so by default they are not served at all
 
 Every refusal is a 4xx with a sentence and every engine failure a 5xx with its message; the server
 keeps serving. Routes under ``/v1`` answer errors in OpenAI's shape,
@@ -13,9 +14,11 @@ keeps serving. Routes under ``/v1`` answer errors in OpenAI's shape,
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from policy_server.server import PolicyServer
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
 
 
 def error_response(path: str, status_code: int, message: str) -> JSONResponse:
@@ -60,24 +64,62 @@ def error_response(path: str, status_code: int, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status_code)
 
 
-class ApiKeyMiddleware:
-    """Refuses every HTTP request without ``Authorization: Bearer <key>`` (as vLLM's ``--api-key``)."""
+ADMIN_PREFIX = "/admin/"
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+ADMIN_NOT_SERVED = (
+    "Admin operations are not served over HTTP by this server: the trainer runs them in process. "
+    "Start `rft serve` with --admin-key to serve them to the holder of that key."
+)
+
+
+def _bearer(scope: Scope) -> bytes:
+    return dict(scope["headers"]).get(b"authorization", b"")
+
+
+def _matches(given: bytes, key: str | None) -> bool:
+    return key is not None and hmac.compare_digest(given, f"Bearer {key}".encode())
+
+
+class AuthMiddleware:
+    """Two credentials, two surfaces: the agents' key opens ``/v1/*``, the feedback routes and
+    ``/health``; only the admin key opens ``/admin/*``, and without one ``/admin/*`` is not served.
+
+    An agent holds whatever the trainer hands it, so its key must never reach the trainer's
+    operations (close a job, take a trace, load an adapter).
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.api_key = api_key
+        self.admin_key = admin_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                message = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
-                await error_response(scope["path"], 401, message)(scope, receive, send)
+            refusal = self._refusal(scope["path"], _bearer(scope))
+            if refusal is not None:
+                await error_response(scope["path"], *refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
+    def _refusal(self, path: str, given: bytes) -> tuple[int, str] | None:
+        if path.startswith(ADMIN_PREFIX) or path == ADMIN_PREFIX.rstrip("/"):
+            if self.admin_key is None:
+                return 403, ADMIN_NOT_SERVED
+            if _matches(given, self.admin_key):
+                return None
+            if _matches(given, self.api_key):
+                return 403, "This is the agents' key: admin operations need the admin key."
+            return 401, "Missing or wrong admin key: send the header 'Authorization: Bearer <admin key>'."
+        if self.api_key is None or _matches(given, self.api_key):
+            return None
+        return 401, "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
 
-async def read_body(request: Request, limit: int) -> bytes:
+
+# A client gets this long to send its whole body: a stalled upload must not hold a connection forever.
+BODY_READ_TIMEOUT_S = 30.0
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_READ_TIMEOUT_S) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
     too_large = Rejection(413, f"The request body is larger than this server's limit of {limit} bytes.")
     declared = request.headers.get("content-length")
@@ -87,11 +129,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Rejection(408, f"The request body did not arrive within {timeout_s:g} s.") from None
     return b"".join(chunks)
 
 
@@ -111,6 +157,7 @@ class OpenJobBody(_AdminBody):
     max_tokens: int = Field(default=1024, ge=1)
     max_calls_per_rollout: int = Field(default=64, ge=1)
     auto_open_rollouts: bool = False
+    max_open_rollouts: int = Field(default=1024, ge=1)
 
 
 class JobBody(_AdminBody):
@@ -123,7 +170,7 @@ class RolloutBody(_AdminBody):
 
 
 class LoadAdapterBody(_AdminBody):
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, max_length=4096)
 
 
 def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
@@ -135,8 +182,40 @@ def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     return events()
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its call finished."""
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, ResultT]) -> ResultT:
+    """Run ``work``, cancelling it when the client disconnects (the body has been read by then).
+
+    Cancelling the call lets the engine drop it (the hf engine at its next step, vLLM when the
+    forwarded request's connection closes), so abandoned calls stop taking the engine's time.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientGone
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def build_app(server: PolicyServer) -> Starlette:
-    """The Starlette app for ``server``; wrapped in the API-key check when the server has a key."""
+    """The Starlette app for ``server``, behind its two credentials (:class:`AuthMiddleware`)."""
     from policy_server.server import EngineError
 
     async def chat_completions(request: Request) -> Response:
@@ -150,14 +229,18 @@ def build_app(server: PolicyServer) -> Starlette:
                 raise Rejection(
                     400, f"Missing header {TRAJECTORY_ID_HEADER}: every call must name its rollout."
                 )
+            # Checked before the body is read, but an auto-opening job opens the rollout only once
+            # the request is valid (in PolicyServer.complete).
             server.registry.check_rollout(job_arn, rollout_id)
             chat = parse_request(await read_body(request, server.max_body_bytes))
-            result = await server.complete(job_arn, rollout_id, chat)
+            result = await _unless_disconnected(request, server.complete(job_arn, rollout_id, chat))
         except Rejection as rejection:
             server.registry.reject_call(job_arn, rollout_id)
             return error_response(request.url.path, rejection.status_code, rejection.message)
         except EngineError as error:
             return error_response(request.url.path, 500, str(error))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; uvicorn drops it
         ids = CompletionIds(server.policy_name)
         if not chat.stream:
             return JSONResponse(completion_body(result, ids))
@@ -193,7 +276,13 @@ def build_app(server: PolicyServer) -> Starlette:
 
     async def open_job(request: Request) -> Response:
         body = _parse_model(OpenJobBody, await read_body(request, server.max_body_bytes))
-        server.open_job(body.job_arn, body.max_tokens, body.max_calls_per_rollout, body.auto_open_rollouts)
+        server.open_job(
+            body.job_arn,
+            body.max_tokens,
+            body.max_calls_per_rollout,
+            body.auto_open_rollouts,
+            body.max_open_rollouts,
+        )
         return JSONResponse({"job_arn": body.job_arn})
 
     async def close_job(request: Request) -> Response:
@@ -211,13 +300,14 @@ def build_app(server: PolicyServer) -> Starlette:
 
     async def load_adapter(request: Request) -> Response:
         body = _parse_model(LoadAdapterBody, await read_body(request, server.max_body_bytes))
+        directory = server.admitted_adapter_path(body.path)
         try:
-            version = await server.load_adapter(body.path)
+            version = await server.load_adapter(directory)
         except ValueError as error:
             raise Rejection(400, str(error)) from None
         except Exception as error:
             raise EngineError(
-                f"The engine could not load {body.path}: {type(error).__name__}: {error}"
+                f"The engine could not load {directory}: {type(error).__name__}: {error}"
             ) from error
         return JSONResponse({"version": version})
 
@@ -268,6 +358,5 @@ def build_app(server: PolicyServer) -> Starlette:
             Exception: on_unexpected,
         },
     )
-    if server.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=server.api_key)
+    app.add_middleware(AuthMiddleware, api_key=server.api_key, admin_key=server.admin_key)
     return app

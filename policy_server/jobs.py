@@ -35,6 +35,9 @@ class JobLimits:
     max_tokens: int = 1024
     max_calls_per_rollout: int = 64
     auto_open_rollouts: bool = False
+    # How many rollouts an auto-opening job holds at once: each one's trace stays until taken, and any
+    # caller can name a fresh id, so without a cap one client could grow the server's memory for good.
+    max_open_rollouts: int = 1024
 
 
 @dataclass
@@ -77,8 +80,10 @@ class JobRegistry:
     def open_job(self, job_arn: str, limits: JobLimits) -> None:
         if not job_arn:
             raise Rejection(400, "A job needs a non-empty job ARN.")
-        if limits.max_tokens < 1 or limits.max_calls_per_rollout < 1:
-            raise Rejection(400, "max_tokens and max_calls_per_rollout must be at least 1.")
+        if limits.max_tokens < 1 or limits.max_calls_per_rollout < 1 or limits.max_open_rollouts < 1:
+            raise Rejection(
+                400, "max_tokens, max_calls_per_rollout and max_open_rollouts must be at least 1."
+            )
         with self._lock:
             if job_arn in self._jobs:
                 raise Rejection(409, f"Job {job_arn!r} is already open; close it before opening it again.")
@@ -108,9 +113,13 @@ class JobRegistry:
             job.rollouts[rollout_id] = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id))
 
     def check_rollout(self, job_arn: str, rollout_id: str) -> None:
-        """Raise the rejection a call for this rollout would get, or open it when the job auto-opens."""
+        """Raise the rejection a call for this rollout would get; opens nothing (``start_call`` does)."""
         with self._lock:
-            self._rollout(job_arn, rollout_id)
+            job = self._job(job_arn)
+            if rollout_id in job.rollouts:
+                return
+            if not (job.limits.auto_open_rollouts and rollout_id and rollout_id not in job.finished):
+                raise self._missing_rollout(job, rollout_id)
 
     def start_call(self, job_arn: str, rollout_id: str) -> CallTicket:
         """Admit one call into the rollout, within the job's per-rollout call cap."""
@@ -195,6 +204,12 @@ class JobRegistry:
         if rollout is not None:
             return rollout
         if job.limits.auto_open_rollouts and rollout_id and rollout_id not in job.finished:
+            if len(job.rollouts) >= job.limits.max_open_rollouts:
+                raise Rejection(
+                    429,
+                    f"This job already holds {len(job.rollouts)} open rollouts, its cap; take the "
+                    "traces of finished ones (or raise the cap) before starting more.",
+                )
             rollout = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id))
             job.rollouts[rollout_id] = rollout
             return rollout

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from policy_server.server import PolicyServer
 
@@ -26,6 +27,44 @@ START_TIMEOUT_S = 120.0
 # Uvicorn's graceful shutdown (5 s) plus closing the engine; past this, stop() gives up waiting (the
 # thread is a daemon and ends with the process), so Ctrl-C always stops `rft serve`.
 STOP_TIMEOUT_S = 30.0
+# A connection gets this long to send a request's headers (its body has its own limit in the gateway).
+# Without it a stalled socket is held forever, and enough of them exhaust the process's file handles.
+HEADER_TIMEOUT_S = 10.0
+# Connections served at once; past it uvicorn answers 503 rather than taking more file handles.
+MAX_CONNECTIONS = 2048
+
+
+def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol, closing a connection that sends no complete request headers in time."""
+    base: Any = AutoHTTPProtocol
+
+    class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_timer = self.loop.call_later(timeout_s, self._close_if_no_request)
+
+        def _close_if_no_request(self) -> None:
+            waiting = self.cycle is None or self.cycle.response_complete
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutProtocol
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
@@ -39,8 +78,9 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     if loopback:
         return None
     return (
-        f"warning: serving on {host}, reachable from other machines, without an API key; "
-        "anyone who can reach it can use the model. Pass an API key."
+        f"warning: serving on {host}, reachable from other machines, without an API key: anyone who can "
+        "reach it can use the model, spend its compute and send calls and rewards into open rollouts. "
+        "Pass an API key (policy_server.api_key, rft serve --api-key) or bind 127.0.0.1."
     )
 
 
@@ -54,12 +94,14 @@ class ServerThread:
         port: int = 0,
         *,
         log_level: str = "warning",
+        header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         self.server = server_or_app if isinstance(server_or_app, PolicyServer) else None
         self.app: ASGIApp = server_or_app.app if isinstance(server_or_app, PolicyServer) else server_or_app
         self.host = host
         self.port = port
         self.log_level = log_level
+        self.header_timeout_s = header_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -92,7 +134,12 @@ class ServerThread:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5
+            self.app,
+            log_level=self.log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            http=protocol_with_header_timeout(self.header_timeout_s),
+            limit_concurrency=MAX_CONNECTIONS,
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="policy-server", daemon=True)

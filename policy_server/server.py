@@ -20,7 +20,7 @@ from handlers.protocol import RolloutStatus
 from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
 from policy_server.engines.base import Engine, GenerationResult
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
-from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
+from policy_server.trace import CallRecord, RolloutTrace, TokenCounters, clipped_for_record
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,21 @@ class PolicyServer:
         policy_name: str = "policy",
         api_key: str | None = None,
         *,
+        admin_key: str | None = None,
+        adapters_dir: str | Path | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
+        """``api_key`` guards what agents call; ``admin_key``, when given, serves ``/admin/*`` over
+        HTTP to its holder (never to an agent's key); ``adapters_dir`` is the only directory
+        ``/admin/load-adapter`` loads from. The Python API below is the trainer's and takes any path.
+        """
+        if admin_key and admin_key == api_key:
+            raise ValueError("The admin key must differ from the agents' API key: agents hold theirs.")
         self.engine = engine
         self.policy_name = policy_name
         self.api_key = api_key or None
+        self.admin_key = admin_key or None
+        self.adapters_dir = Path(adapters_dir).resolve() if adapters_dir is not None else None
         self.max_body_bytes = max_body_bytes
         self.registry = JobRegistry()
         self._versions = _AdapterVersions()
@@ -116,8 +126,10 @@ class PolicyServer:
         max_tokens: int = 1024,
         max_calls_per_rollout: int = 64,
         auto_open_rollouts: bool = False,
+        max_open_rollouts: int = 1024,
     ) -> None:
-        self.registry.open_job(job_arn, JobLimits(max_tokens, max_calls_per_rollout, auto_open_rollouts))
+        limits = JobLimits(max_tokens, max_calls_per_rollout, auto_open_rollouts, max_open_rollouts)
+        self.registry.open_job(job_arn, limits)
 
     def close_job(self, job_arn: str) -> TokenCounters:
         return self.registry.close_job(job_arn)
@@ -148,10 +160,32 @@ class PolicyServer:
         """Adapter versions the engine holds now (the current one plus any still used by calls)."""
         return tuple(sorted(self._versions.loaded))
 
+    def admitted_adapter_path(self, path: str) -> Path:
+        """``path`` resolved inside ``adapters_dir``, or the Rejection an HTTP load-adapter gets."""
+        if self.adapters_dir is None:
+            raise Rejection(
+                403,
+                "This server was given no adapters directory, so it loads no adapter over HTTP; "
+                "start `rft serve` with --adapters-dir.",
+            )
+        try:
+            directory = (self.adapters_dir / path).resolve()
+        except (OSError, ValueError) as error:
+            raise Rejection(400, f"The adapter path cannot be used: {error}.") from None
+        if not directory.is_relative_to(self.adapters_dir):
+            raise Rejection(
+                403, f"Adapters load only from inside {self.adapters_dir}; the path leads outside it."
+            )
+        return directory
+
     async def load_adapter(self, path: str | Path) -> int:
         """Load a LoRA adapter directory as the next version; new calls use it from now on."""
         directory = Path(path)
-        if not (directory / "adapter_config.json").is_file():
+        try:
+            is_adapter = (directory / "adapter_config.json").is_file()
+        except (OSError, ValueError):  # a name too long for the filesystem, a NUL byte
+            is_adapter = False
+        if not is_adapter:
             raise ValueError(
                 f"The path {directory} is not a peft adapter directory (it has no adapter_config.json)."
             )
@@ -193,6 +227,7 @@ class PolicyServer:
         if has_images(request) and not getattr(self.engine, "supports_images", False):
             raise Rejection(400, "This policy's engine does not take image inputs; send text content only.")
         generation = generation_request(request, max_tokens_cap=limits.max_tokens)
+        # Only a valid request opens a rollout of an auto-opening job (start_call does).
         ticket = self.registry.start_call(job_arn, rollout_id)
         if generation.seed is not None:
             generation.seed = call_seed(generation.seed, ticket.call_number)
@@ -225,7 +260,7 @@ class PolicyServer:
                 finished_at=time.time(),
                 temperature=generation.temperature,
                 top_p=generation.top_p,
-                messages=generation.messages,
+                messages=clipped_for_record(generation.messages),
                 tools=generation.tools,
             ),
         )

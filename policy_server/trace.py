@@ -15,6 +15,33 @@ from pydantic import BaseModel, Field
 LogprobsMode = Literal["raw", "processed"]
 
 
+# Text of a call's request messages kept in its record (for debugging; training reads only token ids).
+# Fields a template never renders (a long reasoning_content, say) are bounded by nothing else, and
+# every call of every open rollout holds its record.
+RECORDED_TEXT_CHARS = 64 * 1024
+
+
+def clipped_for_record(
+    messages: list[dict[str, Any]], budget: int = RECORDED_TEXT_CHARS
+) -> list[dict[str, Any]]:
+    """A copy of ``messages`` holding at most ``budget`` characters of text, clipped strings marked."""
+    remaining = budget
+
+    def clip(value: Any) -> Any:
+        nonlocal remaining
+        if isinstance(value, str):
+            kept = value[: max(remaining, 0)]
+            remaining -= len(kept)
+            return kept if len(kept) == len(value) else f"{kept}[... {len(value) - len(kept)} chars not kept]"
+        if isinstance(value, dict):
+            return {key: clip(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [clip(item) for item in value]
+        return value
+
+    return [clip(message) for message in messages]
+
+
 class CallRecord(BaseModel):
     """One chat-completion call, as the engine saw it."""
 

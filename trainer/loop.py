@@ -15,6 +15,7 @@ position, a run killed at any point and resumed ends with the same adapter as on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -32,6 +33,7 @@ import torch
 
 from handlers.protocol import InferenceParams, RftkitExtras
 from policy_server.engines.base import Engine
+from policy_server.jobs import Rejection
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace, TokenCounters
@@ -39,6 +41,7 @@ from trainer.checkpoint import DataPosition, RunState, latest_checkpoint, load_c
 from trainer.config import TrainConfig
 from trainer.evaluation import EvalResult, evaluate
 from trainer.fanout import (
+    FailureCause,
     FailureCounts,
     Fanout,
     RolloutOutcome,
@@ -170,7 +173,13 @@ class _Session:
         self.runner = asyncio.Runner()
         self.fanout = Fanout.from_config(config)
         self.job_arn = f"rftkit-{config.output_dir.name}-{uuid.uuid4().hex[:12]}"
-        self.extras = RftkitExtras(model=config.policy_name, api_key=config.policy_server.api_key)
+        # What agents get: the agents' key only. The trainer's own operations (jobs, traces,
+        # adapters) are method calls on self.server, never served to agents over HTTP.
+        self.extras = RftkitExtras(
+            model=config.policy_name,
+            api_key=config.policy_server.api_key,
+            timeout_s=config.rollout_timeout_s,
+        )
         self.endpoint = ""
 
     def start(self) -> None:
@@ -185,7 +194,10 @@ class _Session:
     def close(self) -> None:
         """Close the job (if open), the fan-out and the server."""
         if self.endpoint:
-            self.server.close_job(self.job_arn)
+            try:
+                self.server.close_job(self.job_arn)
+            except Rejection as rejection:  # closed already: nothing is lost, and close() must finish
+                log.warning("closing job %s: %s", self.job_arn, rejection.message)
         try:
             self.runner.run(self.fanout.aclose())
             self.runner.close()
@@ -218,7 +230,13 @@ class _Session:
         outcomes = self.runner.run(self.fanout.run(requests))
         played = []
         for request, outcome in zip(requests, outcomes, strict=True):
-            trace = self.server.take_trace(self.job_arn, request.rollout_id)
+            try:
+                trace = self.server.take_trace(self.job_arn, request.rollout_id)
+            except Rejection as rejection:
+                # Only the trainer takes traces; should one be gone anyway, that rollout fails (it
+                # has no tokens to train on) and the run goes on.
+                trace = RolloutTrace(job_arn=self.job_arn, rollout_id=request.rollout_id)
+                outcome = _trace_lost(outcome, rejection.message)
             outcome = resolve_reward(outcome, trace.rewards, self.config.reward_aggregation)
             played.append(PlayedRollout(request, outcome, trace))
         return played
@@ -228,6 +246,17 @@ class _Session:
 
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
+
+
+def _trace_lost(outcome: RolloutOutcome, message: str) -> RolloutOutcome:
+    return dataclasses.replace(
+        outcome,
+        status="failed",
+        cause=FailureCause.AGENT_ERROR,
+        reward=None,
+        rewards=None,
+        error=f"the rollout's trace could not be taken: {message}",
+    )
 
 
 @dataclass

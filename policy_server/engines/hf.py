@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
@@ -253,12 +254,16 @@ class HFEngine:
         def load() -> bool:
             self._check_fresh(version)  # again: another load may have taken the number meanwhile
             name = f"v{version}"
-            if isinstance(self._model, PeftModel):
-                self._model.load_adapter(path, adapter_name=name, is_trainable=False)
-            else:
-                self._model = PeftModel.from_pretrained(
-                    self._model, path, adapter_name=name, is_trainable=False
-                )
+            try:
+                if isinstance(self._model, PeftModel):
+                    self._model.load_adapter(path, adapter_name=name, is_trainable=False)
+                else:
+                    self._model = PeftModel.from_pretrained(
+                        self._model, path, adapter_name=name, is_trainable=False
+                    )
+            except Exception:
+                self._discard_failed_adapter(name)
+                raise
             self._adapters.add(version)
             return True
 
@@ -283,6 +288,22 @@ class HFEngine:
             return True
 
         await self._command(unload)
+
+    def _discard_failed_adapter(self, name: str) -> None:
+        """Undo what a failed load injected, so the served model is the one it was before."""
+        if isinstance(self._model, PeftModel):
+            if name in self._model.peft_config:
+                if self._model.active_adapter == name and self._adapters:
+                    self._model.set_adapter(f"v{max(self._adapters)}")
+                self._model.delete_adapter(name)
+            return
+        # PeftModel.from_pretrained injects LoRA layers into the base model before reading the weights.
+        for module_name, module in list(self._model.named_modules()):
+            if isinstance(module, BaseTunerLayer):
+                parent_name, _, child = module_name.rpartition(".")
+                setattr(self._model.get_submodule(parent_name), child, module.get_base_layer())
+        if hasattr(self._model, "peft_config"):
+            del self._model.peft_config
 
     def _check_fresh(self, version: int) -> None:
         if version in self._adapters:
@@ -313,7 +334,10 @@ class HFEngine:
             )
         except Exception as error:  # jinja errors come in many classes; the message is what helps
             raise ValueError(f"the chat template could not render these messages: {error}") from error
-        return list(ids)
+        # Checked here, where it fails this request alone: a row without plain ids would fail its batch.
+        if not isinstance(ids, list) or not all(type(token) is int for token in ids):
+            raise ValueError("the chat template did not render to a list of token ids")
+        return ids
 
     # ---- worker thread --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
 
 API_KEY = "test-key"
+ADMIN_KEY = "test-admin-key"
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/bad-input"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_TOKENS_CAP = 4
@@ -28,7 +29,9 @@ BODY_LIMIT = 64 * 1024
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    server = PolicyServer(HFEngine(tiny_model_dir), api_key=API_KEY, max_body_bytes=BODY_LIMIT)
+    server = PolicyServer(
+        HFEngine(tiny_model_dir), api_key=API_KEY, admin_key=ADMIN_KEY, max_body_bytes=BODY_LIMIT
+    )
     thread = ServerThread(server).start()
     try:
         yield server, thread
@@ -155,6 +158,8 @@ def test_hand_written_bad_requests_answer_4xx_sentences_and_leave_others_untouch
         _assert_refused(bad_key, 401)
         _assert_refused(no_key, 401)
         _assert_refused(admin_no_key, 401)
+        agent_key_on_admin = client.post(f"{thread.url}/admin/open-job", json={"job_arn": "x"}, headers=AUTH)
+        assert "agents' key" in _assert_refused(agent_key_on_admin, 403)
         for name, response, status in cases:
             message = _assert_refused(response, status)
             print(f"{name}: {response.status_code} {message}")
@@ -196,16 +201,20 @@ def test_openai_client_surfaces_could_not_find_job(served: tuple[PolicyServer, S
 def test_feedback_and_admin_routes_refuse_bad_bodies(served: tuple[PolicyServer, ServerThread]) -> None:
     server, thread = served
     job = JOB + "-feedback"
-    with httpx.Client(base_url=thread.url, headers=AUTH, timeout=30) as client:
-        assert client.post("/admin/open-job", json={"job_arn": job, "max_tokens": 2}).status_code == 200
-        assert client.post("/admin/open-rollout", json={"job_arn": job, "rollout_id": "r"}).status_code == 200
+    admin_auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with (
+        httpx.Client(base_url=thread.url, headers=AUTH, timeout=30) as client,
+        httpx.Client(base_url=thread.url, headers=admin_auth, timeout=30) as admin,
+    ):
+        assert admin.post("/admin/open-job", json={"job_arn": job, "max_tokens": 2}).status_code == 200
+        assert admin.post("/admin/open-rollout", json={"job_arn": job, "rollout_id": "r"}).status_code == 200
         refusals = [
-            client.post("/admin/open-job", json={"job_arn": job}),  # already open
-            client.post("/admin/open-job", json={"job_arn": job + "2", "max_tokens": "many"}),
-            client.post("/admin/open-rollout", json={"job_arn": job, "rollout_id": "r"}),  # single-use ids
-            client.post("/admin/take-trace", json={"job_arn": job, "rollout_id": "other"}),
-            client.post("/admin/load-adapter", json={"path": "/nonexistent/adapter"}),
-            client.get("/admin/counters"),
+            admin.post("/admin/open-job", json={"job_arn": job}),  # already open
+            admin.post("/admin/open-job", json={"job_arn": job + "2", "max_tokens": "many"}),
+            admin.post("/admin/open-rollout", json={"job_arn": job, "rollout_id": "r"}),  # single-use ids
+            admin.post("/admin/take-trace", json={"job_arn": job, "rollout_id": "other"}),
+            admin.post("/admin/load-adapter", json={"path": "/nonexistent/adapter"}),
+            admin.get("/admin/counters"),
             client.post("/complete-rollout", json={"JobArn": job, "TrajectoryId": "r", "Status": "done"}),
             client.post("/complete-rollout", content=b"{not json"),
             client.post("/update-reward", json={"JobArn": job, "TrajectoryId": "r", "Rewards": []}),
@@ -223,11 +232,11 @@ def test_feedback_and_admin_routes_refuse_bad_bodies(served: tuple[PolicyServer,
         assert client.post(
             "/update-reward", json={"JobArn": job, "TrajectoryId": "r", "Rewards": [0.5, 1]}
         ).is_success
-        trace = client.post("/admin/take-trace", json={"job_arn": job, "rollout_id": "r"}).json()
+        trace = admin.post("/admin/take-trace", json={"job_arn": job, "rollout_id": "r"}).json()
         assert (trace["status"], trace["rewards"], trace["calls"]) == ("ready", [0.5, 1.0], [])
-        assert client.get("/admin/counters", params={"job_arn": job}).json()["calls"] == 0
-        assert client.post("/admin/close-job", json={"job_arn": job}).status_code == 200
-        assert _message(client.get("/admin/counters", params={"job_arn": job})) == JOB_NOT_FOUND_MESSAGE
+        assert admin.get("/admin/counters", params={"job_arn": job}).json()["calls"] == 0
+        assert admin.post("/admin/close-job", json={"job_arn": job}).status_code == 200
+        assert _message(admin.get("/admin/counters", params={"job_arn": job})) == JOB_NOT_FOUND_MESSAGE
 
 
 _JSON = st.recursive(
