@@ -1,0 +1,66 @@
+"""A hostile agent against `rft train`: every attack is refused, the run finishes, its numbers are the
+benign run's (same seed, same numbers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.trainer.agent_apps import hostile, letters
+from tests.trainer.agent_apps.serving import serving, write_run_files
+from trainer.config import load_config
+from trainer.loop import train
+
+RUN = {"max_steps": 2, "eval_file": None, "save_steps": 2, "policy_server": {"api_key": "agents-key"}}
+
+
+def _numbers(run: Path) -> list[dict[str, object]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {
+            "reward_mean": record["reward_mean"],
+            "loss": record["update"].get("loss"),
+            "failed": record["rollouts"]["failed"],
+            "sampled": record["tokens"]["sample"],
+        }
+        for record in records
+    ]
+
+
+def test_a_hostile_agent_cannot_stop_or_change_a_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    results = {}
+    for name, app in (("benign", letters.app), ("hostile", hostile.app)):
+        with serving(app) as agent_url:
+            config = load_config(write_run_files(tmp_path / name, tiny_model_dir, agent_url, **RUN))
+            summary = train(config)
+        assert summary.steps == 2
+        weights = load_file(summary.adapter_dir / "adapter_model.safetensors")
+        results[name] = (_numbers(config.output_dir), weights)
+
+    # Every attack was tried by every rollout (2 steps x 8 rollouts) and refused with a 4xx.
+    assert len(hostile.ATTEMPTS) == 2 * 8 * 9
+    by_name: dict[str, set[int]] = {}
+    for name, status in hostile.ATTEMPTS:
+        by_name.setdefault(name, set()).add(status)
+    assert all(by_name[name] == {403} for name in ("close-job", "take-trace", "load-adapter", "open-job"))
+    assert by_name["call other rollout"] == {404} and by_name["reward other rollout"] == {404}
+    assert by_name["call other job"] == {400} and by_name["reward other job"] == {400}
+    assert by_name["client template"] == {400}
+
+    benign_numbers, benign_weights = results["benign"]
+    hostile_numbers, hostile_weights = results["hostile"]
+    assert all(row["failed"] == 0 for row in hostile_numbers)
+    # Rewards and sampled tokens match exactly. The loss reads the sampler's logprobs, which differ
+    # in the last bits with the batch a call shared (timing differs between any two runs), so it and
+    # the weights (Adam scales tiny differences up) match to rounding.
+    exact = [{k: v for k, v in row.items() if k != "loss"} for row in benign_numbers]
+    assert [{k: v for k, v in row.items() if k != "loss"} for row in hostile_numbers] == exact
+    for benign, hostile_row in zip(benign_numbers, hostile_numbers, strict=True):
+        assert hostile_row["loss"] == pytest.approx(benign["loss"], rel=1e-5, abs=1e-8)
+    assert benign_weights.keys() == hostile_weights.keys()
+    for key, tensor in benign_weights.items():
+        torch.testing.assert_close(hostile_weights[key], tensor, rtol=1e-3, atol=1e-4)
