@@ -119,8 +119,10 @@ class AuthMiddleware:
 BODY_READ_TIMEOUT_S = 30.0
 
 
-async def read_body(request: Request, limit: int, timeout_s: float = BODY_READ_TIMEOUT_S) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes, and with
+    408 when it has not all arrived within ``timeout_s`` (default ``BODY_READ_TIMEOUT_S``)."""
+    timeout_s = BODY_READ_TIMEOUT_S if timeout_s is None else timeout_s
     too_large = Rejection(413, f"The request body is larger than this server's limit of {limit} bytes.")
     declared = request.headers.get("content-length")
     if declared is not None:
