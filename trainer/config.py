@@ -139,7 +139,9 @@ class PolicyServerConfig(_Section):
         "(a tunnel, a load balancer); unset: http://host:port.",
     )
     api_key: str | None = Field(
-        default=None, description="Bearer key agents must send; unset: no authentication."
+        default=None,
+        description="Bearer key agents must send on the routes they call (/v1, feedback, /health); "
+        "it is handed to every agent and opens no admin operation. Unset: no authentication.",
     )
 
     @field_validator("public_url")

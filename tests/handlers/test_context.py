@@ -77,5 +77,6 @@ def test_without_an_endpoint_every_client_explains_what_is_missing(payload: Any)
             return await client.post("/invocations", json=body)
 
     response = asyncio.run(run())
-    assert response.status_code == 500
-    assert "MissingEndpointError: the payload has no metadata.endpoint" in response.json()["error"]
+    # The payload's fault, not the agent's: a 400 naming what is missing.
+    assert response.status_code == 400
+    assert "invalid rollout payload: the payload has no metadata.endpoint" in response.json()["error"]

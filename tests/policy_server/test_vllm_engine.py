@@ -8,6 +8,7 @@ recorded ids, to 1e-3 on CPU float32.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,3 +211,40 @@ def test_streaming_reemits_the_same_tokens(vllm_server: tuple[PolicyServer, Serv
             texts.append(client.chat.completions.create(**kwargs).choices[0].message.content)
         server.take_trace(JOB, rollout_id)
     assert texts[0] == texts[1]
+
+
+def _vllm_metric(engine: VLLMEngine, name: str) -> float:
+    text = httpx.get(f"{engine.base_url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
+    """A client that leaves cancels its forwarded request, so vLLM stops generating for it."""
+    server, thread = vllm_server
+    engine = server.engine
+    assert isinstance(engine, VLLMEngine)
+    job, dropped, max_tokens = f"{JOB}-drop", 8, 1500
+    server.open_job(job, max_tokens=max_tokens, auto_open_rollouts=True)
+    body = {"model": "policy", "max_tokens": max_tokens, "temperature": 0.0}
+    before = _vllm_metric(engine, "vllm:generation_tokens_total")
+
+    def drop(index: int) -> None:
+        headers = {JOB_ARN_HEADER: job, TRAJECTORY_ID_HEADER: f"d{index}"}
+        messages = [{"role": "user", "content": f"tell a long story number {index}"}]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{thread.url}/v1/chat/completions",
+                json={**body, "messages": messages},
+                headers=headers,
+                timeout=httpx.Timeout(2.0),
+            )
+
+    with concurrent.futures.ThreadPoolExecutor(dropped) as pool:
+        list(pool.map(drop, range(dropped)))
+    for _ in range(600):
+        if _vllm_metric(engine, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    spent = _vllm_metric(engine, "vllm:generation_tokens_total") - before
+    assert spent < dropped * max_tokens / 4, spent
+    server.close_job(job)

@@ -64,3 +64,32 @@ def test_a_hostile_agent_cannot_stop_or_change_a_run(tiny_model_dir: Path, tmp_p
     assert benign_weights.keys() == hostile_weights.keys()
     for key, tensor in benign_weights.items():
         torch.testing.assert_close(hostile_weights[key], tensor, rtol=1e-3, atol=1e-4)
+
+
+def test_a_taken_trace_or_a_closed_job_does_not_crash_the_session(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """What an agent did before the boundary existed (take its own trace, close the job), done here
+    in process: the rollout fails with its cause and the session still closes cleanly."""
+    from handlers.decorator import rft_app
+    from policy_server.engines.hf import HFEngine
+    from trainer.loop import _Session
+
+    session: _Session | None = None
+
+    def rollout(row: object, ctx: object) -> float:
+        assert session is not None
+        session.server.take_trace(session.job_arn, ctx.rollout_id)  # type: ignore[attr-defined]
+        return 1.0
+
+    with serving(rft_app(rollout)) as agent_url:
+        config = load_config(write_run_files(tmp_path, tiny_model_dir, agent_url))
+        session = _Session(config, HFEngine(tiny_model_dir))
+        session.start()
+        try:
+            played = session.play([session.request({"question": "q"}, "r-1", 0, temperature=1.0, seed=1)])
+            outcome = played[0].outcome
+            assert outcome.status == "failed" and "trace could not be taken" in (outcome.error or "")
+            session.server.close_job(session.job_arn)
+        finally:
+            session.close()  # the job is gone already: close() still finishes
