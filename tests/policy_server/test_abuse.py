@@ -302,7 +302,7 @@ def test_abandoned_calls_stop_taking_the_engines_time(served: tuple[PolicyServer
 
     async def drop(index: int) -> None:
         body = _chat(f"tell a long story number {index}", max_tokens=max_tokens, temperature=0.0)
-        async with httpx.AsyncClient(base_url=thread.url, timeout=httpx.Timeout(1.0)) as client:
+        async with httpx.AsyncClient(base_url=thread.url, timeout=httpx.Timeout(0.5)) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.post("/v1/chat/completions", json=body, headers=_chat_headers(job, f"d{index}"))
 
@@ -315,8 +315,9 @@ def test_abandoned_calls_stop_taking_the_engines_time(served: tuple[PolicyServer
     while (engine._batch is not None or engine._pending) and time.monotonic() < deadline:
         time.sleep(0.05)
     spent = engine.stats.completion_tokens - started
-    # Each dropped call ran for about a second, then left the batch at its next step.
-    assert spent < dropped * max_tokens / 4, spent
+    # Each dropped call ran for about half a second, then left the batch at its next step (before
+    # calls were cancelled, these greedy rows ran on to 3,547 tokens).
+    assert spent < dropped * max_tokens / 8, spent
 
     before = engine.stats.completion_tokens
     with httpx.Client(base_url=thread.url, timeout=60) as client:
