@@ -58,3 +58,11 @@ def test_serve_refuses_a_directory_without_a_model(
 ) -> None:
     assert main(["--model", str(tmp_path), "--port", "0"]) == 2
     assert "not a model directory" in capsys.readouterr().out
+
+
+def test_serve_refuses_an_admin_key_agents_would_hold(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(tiny_model_dir), "--port", "0", "--api-key", "k", "--admin-key", "k"]
+    assert main(argv) == 2
+    assert "--admin-key must differ from --api-key" in capsys.readouterr().out
