@@ -366,7 +366,68 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
         log_handler.close()
 
 
+@dataclass
+class _Run:
+    """What every step of one run shares: its data, learner, bookkeeping, metrics and policy server."""
+
+    config: TrainConfig
+    train_rows: list[Any]
+    eval_rows: list[Any]
+    learner: Learner
+    state: RunState
+    resumed_from: Path | None
+    metrics: MetricsLogger
+    session: _Session
+    totals: dict[str, int] = field(default_factory=dict)
+    counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.output_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.config.output_dir / "checkpoints"
+
+
+@dataclass
+class _StepUpdate:
+    """What the optimizer did with one step's batch."""
+
+    applied: bool
+    metrics: dict[str, float]
+    seconds: float
+
+
 def _train(config: TrainConfig, resume: bool) -> RunSummary:
+    run = _open_run(config, resume)
+    failed = True
+    try:
+        run.session.start()
+        _serve_start_adapter(run)
+        if run.eval_rows and config.eval_on_start and not run.state.evaluations:
+            _evaluate(run, 0)
+        run.totals = _totals(run.state.history)
+        progress = _progress(config.max_steps, run.state.step)
+        for step in range(run.state.step + 1, config.max_steps + 1):
+            record = _run_step(run, step)
+            progress.update(1)
+            progress.set_postfix(
+                reward=f"{record['reward_mean']:.3f}", groups_dropped=record["groups"]["dropped"]
+            )
+        progress.close()
+        summary = _finish(run)
+        failed = False
+        return summary
+    finally:
+        try:
+            run.session.close()
+        finally:
+            run.metrics.close(failed=failed)
+
+
+def _open_run(config: TrainConfig, resume: bool) -> _Run:
+    """Rows, the learner (restored on resume), the metrics logger and the (not yet started) server."""
     run_dir = config.output_dir
     checkpoint_dir = run_dir / "checkpoints"
     if not resume and latest_checkpoint(checkpoint_dir) is not None:
@@ -379,7 +440,6 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
     eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
     model_dir = _model_dir(config, run_dir)
 
-    # The learner, and where the run stands.
     learner = learner_from_config(config, model_dir, init_adapter=config.init_adapter)
     state = RunState()
     resumed_from: Path | None = None
@@ -400,165 +460,171 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
-
-    # The policy server with the current adapter, and one job for the whole run.
     session = _Session(config, build_engine(config, model_dir))
-    failed = True
-    try:
-        session.start()
-        if resumed_from is not None and state.adapter_version > 0:
-            session.load_adapter(resumed_from / "adapter")
-        elif resumed_from is None and config.init_adapter is not None:
-            # The warm-start adapter is version 1: the first evaluation and step sample with it.
-            state.adapter_version = 1
-            session.load_adapter(_save_version(learner, run_dir, state.adapter_version))
+    return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
-        def run_eval(step: int) -> EvalResult:
-            result = evaluate(
-                eval_rows,
-                step=step,
-                make_request=lambda index, row, generation: session.request(
-                    row,
-                    f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
-                    index,
-                    temperature=config.eval_temperature,
-                    # The same seeds at every evaluation: before and after sample with the same
-                    # random numbers, so their difference is the policy's, not the dice's.
-                    seed=derived_seed(config.seed, "eval", index, generation),
-                ),
-                play=session.play_outcomes,
-                success_threshold=config.success_threshold,
-                adapter_version=state.adapter_version,
-                generations=config.eval_generations,
-            )
-            state.evaluations.append(result.as_dict())
-            log.info(
-                "eval at step %d: success %.3f, mean reward %.4f",
-                step,
-                result.success_rate,
-                result.mean_reward,
-            )
-            return result
 
-        if eval_rows and config.eval_on_start and not state.evaluations:
-            run_eval(0)
+def _serve_start_adapter(run: _Run) -> None:
+    """Serve the adapter the run starts from: the checkpoint's, or the warm start as version 1."""
+    state = run.state
+    if run.resumed_from is not None and state.adapter_version > 0:
+        run.session.load_adapter(run.resumed_from / "adapter")
+    elif run.resumed_from is None and run.config.init_adapter is not None:
+        # The warm-start adapter is version 1: the first evaluation and step sample with it.
+        state.adapter_version = 1
+        run.session.load_adapter(_save_version(run.learner, run.run_dir, state.adapter_version))
 
-        totals = _totals(state.history)
-        counted = TokenCounters()  # the server's counters start at zero with the job
-        progress = _progress(config.max_steps, state.step)
-        for step in range(state.step + 1, config.max_steps + 1):
-            step_started = time.monotonic()
-            log.info("step %d: rollouts started", step)
-            picked, state.position = next_rows(
-                train_rows, config.rows_per_step, state.position, seed=config.seed, shuffle=config.shuffle
-            )
 
-            # G rollouts per row, each with a fresh id and its own sampling seed.
-            requests = [
-                session.request(
-                    row,
-                    f"s{step}-g{group}-{member}-{uuid.uuid4().hex[:8]}",
-                    group,
-                    temperature=config.temperature,
-                    seed=derived_seed(config.seed, "train", step, group, member),
-                )
-                for group, (_, row) in enumerate(picked)
-                for member in range(config.num_generations)
-            ]
-            played = session.play(requests)
-            rollout_s = time.monotonic() - step_started
+def _evaluate(run: _Run, step: int) -> EvalResult:
+    """Play the evaluation rows with the current adapter and keep the result in the run's state."""
+    config, session = run.config, run.session
+    result = evaluate(
+        run.eval_rows,
+        step=step,
+        make_request=lambda index, row, generation: session.request(
+            row,
+            f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
+            index,
+            temperature=config.eval_temperature,
+            # The same seeds at every evaluation: before and after sample with the same random
+            # numbers, so their difference is the policy's, not the dice's.
+            seed=derived_seed(config.seed, "eval", index, generation),
+        ),
+        play=session.play_outcomes,
+        success_threshold=config.success_threshold,
+        adapter_version=run.state.adapter_version,
+        generations=config.eval_generations,
+    )
+    run.state.evaluations.append(result.as_dict())
+    log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
+    return result
 
-            # Advantages and sequences, then num_iterations optimizer steps on them. The first pass's
-            # metrics describe the batch against the policy that sampled it (mismatch KL); the last
-            # pass's clip fraction shows how far the later, off-policy passes went.
-            batch = _collect(config, played, len(picked))
-            update_started = time.monotonic()
-            update_metrics: dict[str, float] = {}
-            updated = False
-            if batch.sequences:
-                for iteration in range(config.num_iterations):
-                    seed = derived_seed(config.seed, "update", step, iteration)
-                    result = learner.train_step(batch.sequences, seed=seed)
-                    updated = updated or not result.skipped
-                    if iteration == 0:
-                        update_metrics = dict(result.metrics)
-                update_metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
-            else:
-                log.info("step %d: no trainable group, no update", step)
-            update_s = time.monotonic() - update_started
 
-            # A new adapter version, served from the next step on.
-            load_started = time.monotonic()
-            if updated:
-                state.adapter_version += 1
-                directory = _save_version(learner, run_dir, state.adapter_version)
-                served = session.load_adapter(directory)
-                log.info("step %d: adapter v%d served as version %d", step, state.adapter_version, served)
-            adapter_load_s = time.monotonic() - load_started
-            state.step = step
+def _run_step(run: _Run, step: int) -> dict[str, Any]:
+    """One GRPO step: rollouts, update, new adapter version, maybe an evaluation, record, checkpoint."""
+    config, state = run.config, run.state
+    step_started = time.monotonic()
+    log.info("step %d: rollouts started", step)
+    picked, state.position = next_rows(
+        run.train_rows, config.rows_per_step, state.position, seed=config.seed, shuffle=config.shuffle
+    )
+    played = run.session.play(_step_requests(run, step, [row for _, row in picked]))
+    rollout_s = time.monotonic() - step_started
 
-            last = step == config.max_steps
-            periodic = bool(config.eval_steps) and step % config.eval_steps == 0
-            evaluation = None
-            if eval_rows and (periodic or (last and config.eval_on_end)):
-                evaluation = run_eval(step)
+    batch = _collect(config, played, len(picked))
+    update = _update(run, step, batch)
+    adapter_load_s = _publish(run, step, update.applied)
+    state.step = step
+    last = step == config.max_steps
+    periodic = bool(config.eval_steps) and step % config.eval_steps == 0
+    evaluation = None
+    if run.eval_rows and (periodic or (last and config.eval_on_end)):
+        evaluation = _evaluate(run, step)
 
-            # Prefill and sample tokens from the policy server, evaluation rollouts included.
-            counters = session.server.counters(session.job_arn)
-            tokens = {
-                "prefill": counters.prefill_tokens - counted.prefill_tokens,
-                "sample": counters.sample_tokens - counted.sample_tokens,
-                "train": int(update_metrics.get("train_tokens", 0)),
-            }
-            counted = counters
-            totals = {key: totals[key] + tokens[key] for key in totals}
-            record = _step_record(config, played, batch, tokens, totals, rollout_s)
-            record["update"] = {"applied": updated, **update_metrics}
-            record["adapter_version"] = state.adapter_version
-            if evaluation is not None:
-                record["eval"] = evaluation.as_dict()
-            record["time_s"] = {
-                "rollout": rollout_s,
-                "update": update_s,
-                "adapter_load": adapter_load_s,
-                "step": time.monotonic() - step_started,
-            }
-            state.history.append({"step": step, **record})
-            metrics.log_step(step, record)
-            progress.update(1)
-            progress.set_postfix(reward=f"{record['reward_mean']:.3f}", groups_dropped=batch.dropped_groups)
+    record = _step_record(config, played, batch, _count_tokens(run, update), run.totals, rollout_s)
+    record["update"] = {"applied": update.applied, **update.metrics}
+    record["adapter_version"] = state.adapter_version
+    if evaluation is not None:
+        record["eval"] = evaluation.as_dict()
+    record["time_s"] = {
+        "rollout": rollout_s,
+        "update": update.seconds,
+        "adapter_load": adapter_load_s,
+        "step": time.monotonic() - step_started,
+    }
+    state.history.append({"step": step, **record})
+    run.metrics.log_step(step, record)
+    if step % config.save_steps == 0 or last:
+        save_checkpoint(run.checkpoint_dir, state, run.learner, keep=config.save_total_limit)
+        log.info("step %d: checkpoint saved", step)
+    return record
 
-            if step % config.save_steps == 0 or step == config.max_steps:
-                save_checkpoint(checkpoint_dir, state, learner, keep=config.save_total_limit)
-                log.info("step %d: checkpoint saved", step)
-        progress.close()
 
-        table = None
-        if len(state.evaluations) >= 2:
-            table = write_eval_table(run_dir, state.evaluations[0], state.evaluations[-1])
-            print(table)
-        totals = _totals(state.history)
-        cost = TokenCost(totals["prefill"], totals["sample"], totals["train"], config.prices)
-        print(cost_summary(cost))
-        final_adapter = None
-        if state.adapter_version > 0:
-            final_adapter = run_dir / "adapters" / f"v{state.adapter_version}"
-        failed = False
-        return RunSummary(
-            run_dir=run_dir,
-            steps=state.step,
-            adapter_dir=final_adapter,
-            adapter_version=state.adapter_version,
-            evaluations=state.evaluations,
-            cost=cost,
-            history=state.history,
-            eval_table=table,
+def _step_requests(run: _Run, step: int, rows: list[Any]) -> list[RolloutRequest]:
+    """G rollouts per row, each with a fresh id and its own sampling seed."""
+    config = run.config
+    return [
+        run.session.request(
+            row,
+            f"s{step}-g{group}-{member}-{uuid.uuid4().hex[:8]}",
+            group,
+            temperature=config.temperature,
+            seed=derived_seed(config.seed, "train", step, group, member),
         )
-    finally:
-        try:
-            session.close()
-        finally:
-            metrics.close(failed=failed)
+        for group, row in enumerate(rows)
+        for member in range(config.num_generations)
+    ]
+
+
+def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
+    """``num_iterations`` optimizer steps on the batch.
+
+    The first pass's metrics describe the batch against the policy that sampled it (mismatch KL); the
+    last pass's clip fraction shows how far the later, off-policy passes went.
+    """
+    started = time.monotonic()
+    metrics: dict[str, float] = {}
+    applied = False
+    if not batch.sequences:
+        log.info("step %d: no trainable group, no update", step)
+        return _StepUpdate(applied, metrics, time.monotonic() - started)
+    for iteration in range(run.config.num_iterations):
+        seed = derived_seed(run.config.seed, "update", step, iteration)
+        result = run.learner.train_step(batch.sequences, seed=seed)
+        applied = applied or not result.skipped
+        if iteration == 0:
+            metrics = dict(result.metrics)
+    metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
+    return _StepUpdate(applied, metrics, time.monotonic() - started)
+
+
+def _publish(run: _Run, step: int, updated: bool) -> float:
+    """Save and serve a new adapter version (used from the next step on); the seconds it took."""
+    started = time.monotonic()
+    if updated:
+        run.state.adapter_version += 1
+        directory = _save_version(run.learner, run.run_dir, run.state.adapter_version)
+        served = run.session.load_adapter(directory)
+        log.info("step %d: adapter v%d served as version %d", step, run.state.adapter_version, served)
+    return time.monotonic() - started
+
+
+def _count_tokens(run: _Run, update: _StepUpdate) -> dict[str, int]:
+    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on."""
+    counters = run.session.server.counters(run.session.job_arn)
+    tokens = {
+        "prefill": counters.prefill_tokens - run.counted.prefill_tokens,
+        "sample": counters.sample_tokens - run.counted.sample_tokens,
+        "train": int(update.metrics.get("train_tokens", 0)),
+    }
+    run.counted = counters
+    run.totals = {key: run.totals[key] + tokens[key] for key in run.totals}
+    return tokens
+
+
+def _finish(run: _Run) -> RunSummary:
+    """The before/after table and the token account, printed; what the run produced."""
+    state = run.state
+    table = None
+    if len(state.evaluations) >= 2:
+        table = write_eval_table(run.run_dir, state.evaluations[0], state.evaluations[-1])
+        print(table)
+    totals = _totals(state.history)
+    cost = TokenCost(totals["prefill"], totals["sample"], totals["train"], run.config.prices)
+    print(cost_summary(cost))
+    final_adapter = None
+    if state.adapter_version > 0:
+        final_adapter = run.run_dir / "adapters" / f"v{state.adapter_version}"
+    return RunSummary(
+        run_dir=run.run_dir,
+        steps=state.step,
+        adapter_dir=final_adapter,
+        adapter_version=state.adapter_version,
+        evaluations=state.evaluations,
+        cost=cost,
+        history=state.history,
+        eval_table=table,
+    )
 
 
 def _progress(total: int, done: int) -> Any:
