@@ -11,6 +11,7 @@ from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import Engine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
+from policy_server.sigv4_token import SageMakerTokenPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +29,19 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
     )
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    parser.add_argument(
+        "--accept-sagemaker-tokens",
+        action="store_true",
+        help="also accept the bearer tokens AWS's SageMaker SDK signs (checked offline; see the README)",
+    )
+    parser.add_argument(
+        "--sagemaker-access-key-id",
+        dest="sagemaker_access_key_ids",
+        action="append",
+        default=[],
+        metavar="AKID",
+        help="with --accept-sagemaker-tokens: an access key id tokens may name; repeatable (default: any)",
+    )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
     parser.add_argument(
         "--open-job",
@@ -87,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft serve: {args.adapter} is not a peft adapter directory (no adapter_config.json in it)")
         return 2
     _stop_on_interrupt_or_term()
-    server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
+    tokens = None
+    if args.accept_sagemaker_tokens:
+        tokens = SageMakerTokenPolicy(access_key_ids=frozenset(args.sagemaker_access_key_ids))
+    server = PolicyServer(
+        _engine(args), policy_name=args.policy_name, api_key=args.api_key, sagemaker_tokens=tokens
+    )
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
     try:
         if args.adapter is not None:
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no job is open: calls answer 400 until one is opened (POST {thread.url}/admin/open-job)")
         if args.api_key:
             print("  Authorization: Bearer <your --api-key>")
+        if tokens is not None:
+            print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
         print("Ctrl-C stops the server.")
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -43,6 +43,7 @@ from policy_server.chat_api import (
     stream_chunks,
 )
 from policy_server.jobs import Rejection
+from policy_server.sigv4_token import SageMakerTokenPolicy
 
 if TYPE_CHECKING:
     from policy_server.server import PolicyServer
@@ -61,20 +62,41 @@ def error_response(path: str, status_code: int, message: str) -> JSONResponse:
 
 
 class ApiKeyMiddleware:
-    """Refuses every HTTP request without ``Authorization: Bearer <key>`` (as vLLM's ``--api-key``)."""
+    """Refuses every HTTP request without ``Authorization: Bearer <key>`` (as vLLM's ``--api-key``).
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    With ``sagemaker_tokens``, the agents' routes (everything but ``/admin``) also accept the bearer
+    tokens AWS's SageMaker SDK signs (:mod:`policy_server.sigv4_token`); ``/admin`` still needs the key
+    when one is set.
+    """
+
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, sagemaker_tokens: SageMakerTokenPolicy | None = None
+    ) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.sagemaker_tokens = sagemaker_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                message = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
-                await error_response(scope["path"], 401, message)(scope, receive, send)
+            refusal = self._refusal(scope["path"], given)
+            if refusal is not None:
+                await error_response(scope["path"], 401, refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _refusal(self, path: str, given: bytes) -> str | None:
+        if self.expected is not None and hmac.compare_digest(given, self.expected):
+            return None
+        key_refusal = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
+        if path.startswith("/admin/") or self.sagemaker_tokens is None:
+            return key_refusal if self.expected is not None else None
+        token_refusal = self.sagemaker_tokens.refusal(given.decode("latin-1"))
+        if token_refusal is None:
+            return None
+        if self.expected is None:
+            return f"SageMaker token refused: {token_refusal}."
+        return f"{key_refusal[:-1]}, or a SageMaker token (refused: {token_refusal})."
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -268,6 +290,6 @@ def build_app(server: PolicyServer) -> Starlette:
             Exception: on_unexpected,
         },
     )
-    if server.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=server.api_key)
+    if server.api_key or server.sagemaker_tokens:
+        app.add_middleware(ApiKeyMiddleware, api_key=server.api_key, sagemaker_tokens=server.sagemaker_tokens)
     return app

@@ -20,6 +20,7 @@ from handlers.protocol import RolloutStatus
 from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
 from policy_server.engines.base import Engine, GenerationResult
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
+from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 
 logger = logging.getLogger(__name__)
@@ -80,10 +81,13 @@ class PolicyServer:
         api_key: str | None = None,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        sagemaker_tokens: SageMakerTokenPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.policy_name = policy_name
         self.api_key = api_key or None
+        # Accept the SageMaker SDK's signed bearer tokens on the agents' routes (checked offline).
+        self.sagemaker_tokens = sagemaker_tokens
         self.max_body_bytes = max_body_bytes
         self.registry = JobRegistry()
         self._versions = _AdapterVersions()

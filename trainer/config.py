@@ -141,6 +141,16 @@ class PolicyServerConfig(_Section):
     api_key: str | None = Field(
         default=None, description="Bearer key agents must send; unset: no authentication."
     )
+    accept_sagemaker_tokens: bool = Field(
+        default=False,
+        description="Also accept, on the agents' routes, the bearer tokens AWS's SageMaker SDK "
+        "(sagemaker-train) signs and sends in place of any key: checked offline for form, credential "
+        "scope and expiry, not for their signature (see the README).",
+    )
+    sagemaker_access_key_ids: list[str] = Field(
+        default_factory=list,
+        description="With accept_sagemaker_tokens: the AWS access key ids a token may name; empty: any.",
+    )
 
     @field_validator("public_url")
     @classmethod
@@ -192,7 +202,15 @@ class TrainConfig(_Section):
     # --- data and agents
     train_file: ConfigPath = Field(
         default=Path("train.jsonl"),
-        description="Training rows, JSONL; each row is sent as the payload's prompt as it is.",
+        description="Training rows, JSONL; each row (or its prompt_column) is sent as the payload's prompt.",
+    )
+    prompt_column: str | None = Field(
+        default="prompt",
+        min_length=1,
+        description="The row field sent as the payload's prompt, as SageMaker's service sends only the "
+        "row's `prompt` column (a string, often JSON): a row that is an object holding this field "
+        "sends that field's value as it is; any other row is sent whole. null: every row is sent whole. "
+        "A name other than `prompt` that no row holds is an error.",
     )
     eval_file: ConfigPath | None = Field(
         default=None, description="Validation rows, JSONL; unset: no evaluation."

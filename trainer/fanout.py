@@ -141,16 +141,22 @@ def mean_agent_metrics(outcomes: Sequence[RolloutOutcome]) -> dict[str, float]:
     return {name: math.fsum(series) / len(series) for name, series in sorted(values.items())}
 
 
+ERROR_TEXT_CHARS = 500  # how much of an error's text the run's metrics and log keep per cause
+
+
 @dataclass
 class FailureCounts:
-    """Failed rollouts counted by cause."""
+    """Failed rollouts counted by cause, with the first error text of each cause."""
 
     counts: Counter[FailureCause] = field(default_factory=Counter)
+    first_errors: dict[FailureCause, str] = field(default_factory=dict)
 
     def add(self, outcomes: Iterable[RolloutOutcome]) -> None:
         for outcome in outcomes:
             if outcome.cause is not None:
                 self.counts[outcome.cause] += 1
+                text = (outcome.error or "(no error text)")[:ERROR_TEXT_CHARS]
+                self.first_errors.setdefault(outcome.cause, text)
 
     @property
     def total(self) -> int:
@@ -159,6 +165,18 @@ class FailureCounts:
     def as_dict(self) -> dict[str, int]:
         """Every cause with its count, zeros included (stable metric columns)."""
         return {cause.value: self.counts[cause] for cause in FailureCause}
+
+    def errors_dict(self) -> dict[str, str]:
+        """The first error text of each cause seen."""
+        return {cause.value: text for cause, text in self.first_errors.items()}
+
+    def describe(self) -> str:
+        """One line per cause seen: ``agent_error x15, first: HTTP 500: ...``."""
+        return "; ".join(
+            f"{cause.value} x{self.counts[cause]}, first: {self.first_errors[cause]}"
+            for cause in FailureCause
+            if self.counts[cause]
+        )
 
 
 def aggregate_rewards(rewards: Sequence[float], how: RewardAggregation) -> float:
@@ -208,7 +226,10 @@ def group_is_trainable(outcomes: Sequence[RolloutOutcome]) -> GroupCheck:
     """A group trains only with two or more valid rollouts whose rewards differ."""
     rewards = [outcome.reward for outcome in outcomes if outcome.ok and outcome.reward is not None]
     if len(rewards) < 2:
-        return GroupCheck(False, f"only {len(rewards)} valid rollout(s) of {len(outcomes)}")
+        reason = f"only {len(rewards)} valid rollout(s) of {len(outcomes)}"
+        failures = FailureCounts()
+        failures.add(outcomes)
+        return GroupCheck(False, f"{reason} ({failures.describe()})" if failures.total else reason)
     if max(rewards) - min(rewards) == 0.0:
         return GroupCheck(False, f"no reward variance (all {len(rewards)} rewards are {rewards[0]:g})")
     return GroupCheck(True)

@@ -34,9 +34,11 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from policy_server.engines.base import Engine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
+from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
 from trainer.checkpoint import DataPosition, RunState, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.config import TrainConfig
+from trainer.config import PolicyServerConfig, TrainConfig
+from trainer.dataset import PromptColumnError, select_prompts
 from trainer.evaluation import EvalResult, evaluate
 from trainer.fanout import (
     FailureCounts,
@@ -90,7 +92,7 @@ def derived_seed(*parts: object) -> int:
 
 
 def read_rows(path: Path) -> list[Any]:
-    """JSONL rows, each passed to the agent's ``prompt`` as it is."""
+    """JSONL rows as they are (``select_prompts`` picks what of each goes to the agent)."""
     if not path.is_file():
         raise TrainingError(f"data file {path} does not exist")
     rows = []
@@ -104,6 +106,13 @@ def read_rows(path: Path) -> list[Any]:
     if not rows:
         raise TrainingError(f"data file {path} holds no rows")
     return rows
+
+
+def _prompts(rows: list[Any], column: str | None, path: Path) -> list[Any]:
+    try:
+        return select_prompts(rows, column, source=str(path))
+    except PromptColumnError as error:
+        raise TrainingError(str(error)) from None
 
 
 def next_rows(
@@ -156,13 +165,23 @@ def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
     return build_tiny_model(target, seed=config.seed)
 
 
+def sagemaker_token_policy(config: PolicyServerConfig) -> SageMakerTokenPolicy | None:
+    """The gateway's SageMaker-token policy, when the config accepts such tokens."""
+    if not config.accept_sagemaker_tokens:
+        return None
+    return SageMakerTokenPolicy(access_key_ids=frozenset(config.sagemaker_access_key_ids))
+
+
 class _Session:
     """The policy server, the fan-out and one job: plays rollouts and hands back their traces."""
 
     def __init__(self, config: TrainConfig, engine: Engine) -> None:
         self.config = config
         self.server = PolicyServer(
-            engine, policy_name=config.policy_name, api_key=config.policy_server.api_key
+            engine,
+            policy_name=config.policy_name,
+            api_key=config.policy_server.api_key,
+            sagemaker_tokens=sagemaker_token_policy(config.policy_server),
         )
         self.thread = ServerThread(
             self.server, host=config.policy_server.host, port=config.policy_server.port
@@ -245,8 +264,10 @@ def _collect(config: TrainConfig, played: list[PlayedRollout], num_groups: int) 
     """Advantages per group (failed rollouts left out, untrainable groups skipped), then sequences."""
     batch = _GroupBatch()
     groups: list[list[tuple[PlayedRollout, list[TrainingSequence]]]] = [[] for _ in range(num_groups)]
+    failed: list[list[RolloutOutcome]] = [[] for _ in range(num_groups)]
     for rollout in played:
         if not rollout.outcome.ok or rollout.outcome.reward is None:
+            failed[rollout.request.group_index].append(rollout.outcome)
             continue  # failed: out of the group's statistics, never a zero
         batch.rewards.append(rollout.outcome.reward)
         try:
@@ -258,7 +279,7 @@ def _collect(config: TrainConfig, played: list[PlayedRollout], num_groups: int) 
         groups[rollout.request.group_index].append((rollout, sequences))
     centred_groups = []
     for index, members in enumerate(groups):
-        check = group_is_trainable([rollout.outcome for rollout, _ in members])
+        check = group_is_trainable([rollout.outcome for rollout, _ in members] + failed[index])
         if not check:
             batch.dropped_groups += 1
             log.info("group %d gives no gradient: %s", index, check.reason)
@@ -306,6 +327,7 @@ def _step_record(
             "per_s": len(played) / rollout_s if rollout_s > 0 else 0.0,
         },
         "failures": failures.as_dict(),
+        "failure_errors": failures.errors_dict(),
         "agent_metrics": mean_agent_metrics([rollout.outcome for rollout in played]),
         "groups": {
             "total": len({rollout.request.group_index for rollout in played}),
@@ -435,8 +457,10 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
             f"{run_dir} already holds a run (checkpoints in {checkpoint_dir}): pass --resume to continue "
             "it, or choose another output_dir"
         )
-    train_rows = read_rows(config.train_file)
-    eval_rows = read_rows(config.eval_file) if config.eval_file is not None else []
+    train_rows = _prompts(read_rows(config.train_file), config.prompt_column, config.train_file)
+    eval_rows = []
+    if config.eval_file is not None:
+        eval_rows = _prompts(read_rows(config.eval_file), config.prompt_column, config.eval_file)
     eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
     model_dir = _model_dir(config, run_dir)
 
@@ -496,6 +520,17 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
         generations=config.eval_generations,
     )
     run.state.evaluations.append(result.as_dict())
+    if result.failed:
+        failures = "; ".join(
+            f"{cause} x{count}, first: {result.failure_errors.get(cause, '')}"
+            for cause, count in result.failures.items()
+        )
+        if not result.scored:
+            raise TrainingError(
+                f"evaluation at step {step}: all {result.failed} rollouts failed: {failures}. "
+                "The agents' own logs have the details."
+            )
+        log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
     log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
     return result
 
@@ -534,10 +569,27 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     }
     state.history.append({"step": step, **record})
     run.metrics.log_step(step, record)
+    _check_failures(step, played)
     if step % config.save_steps == 0 or last:
         save_checkpoint(run.checkpoint_dir, state, run.learner, keep=config.save_total_limit)
         log.info("step %d: checkpoint saved", step)
     return record
+
+
+def _check_failures(step: int, played: list[PlayedRollout]) -> None:
+    """Show failed rollouts' causes with their first error text; stop a run whose rollouts all failed."""
+    failures = FailureCounts()
+    failures.add(rollout.outcome for rollout in played)
+    if not failures.total:
+        return
+    if failures.total == len(played):
+        raise TrainingError(
+            f"step {step}: all {len(played)} rollouts failed, so there is nothing to train on: "
+            f"{failures.describe()}. The agents' own logs have the details."
+        )
+    log.warning(
+        "step %d: %d of %d rollouts failed: %s", step, failures.total, len(played), failures.describe()
+    )
 
 
 def _step_requests(run: _Run, step: int, rows: list[Any]) -> list[RolloutRequest]:
