@@ -57,6 +57,13 @@ NOT_STARTING_SENTENCE = (
     "the server is not starting: is app.run() called, is the entrypoint outermost, is the port 8080?"
 )
 ACCESS_DENIED_SENTENCE = "access denied (403): the ARN or key belongs to another account or job"
+# What botocore-based signers (AWS's sagemaker-train SDK) say when the agent's environment has no keys.
+NO_CREDENTIALS_MARKER = "No AWS credentials found"
+CREDENTIALS_SENTENCE = (
+    "agents built on AWS's sagemaker-train SDK sign every report (and often every model call) with AWS "
+    "credentials, so give the agent's environment some: any, for a local run (AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY, AWS_REGION), and start the policy server with accept_sagemaker_tokens"
+)
 
 
 class Outcome(StrEnum):
@@ -132,7 +139,9 @@ def _agent_error(target: str, status_code: int, body: bytes) -> SmokeReport:
     observations = [f"agent answered HTTP {status_code}: {error}"]
     if status_code == 403:
         return SmokeReport(target, Outcome.ACCESS_DENIED, ACCESS_DENIED_SENTENCE, observations)
-    if JOB_NOT_FOUND_MESSAGE in error:
+    if NO_CREDENTIALS_MARKER in error:
+        verdict = f"the agent found no AWS credentials to sign with: {CREDENTIALS_SENTENCE}"
+    elif JOB_NOT_FOUND_MESSAGE in error:
         verdict = (
             f"the agent reached the model endpoint, which answered '{JOB_NOT_FOUND_MESSAGE}', but let "
             "that error escape: catch the model's 400 and return the no-play reward"
@@ -188,7 +197,11 @@ def _judge_recording(
     completions = [r.get("Status") for r in recording.complete_rollouts if _matches(r, job_arn, rollout_id)]
     observations.append(f"update-reward: {rewards or 'none'}; complete-rollout: {completions or 'none'}")
     if not rewards:
-        missing.append("no update-reward for this rollout arrived: return the reward from an @rft_handler")
+        missing.append(
+            "no update-reward for this rollout arrived: return the reward from an @rft_handler (an agent "
+            f"on AWS's SDK that logs '{NO_CREDENTIALS_MARKER}' could not sign its reports: "
+            f"{CREDENTIALS_SENTENCE})"
+        )
     elif not any(_sums_to(reported, reward) for reported in rewards):
         missing.append(f"the reported rewards {rewards} do not add up to the answered reward {reward:g}")
     if "ready" not in completions:
