@@ -26,12 +26,14 @@ FAKE_KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 
 
 @contextmanager
-def sagemaker_agent(python: str, log_path: Path) -> Iterator[str]:
-    """The SDK agent on a free port, with fake AWS credentials and no AWS config files."""
+def sagemaker_agent(python: str, log_path: Path, *, credentials: bool = True) -> Iterator[str]:
+    """The SDK agent on a free port, with fake AWS credentials (or none) and no AWS config files."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "PYTHONPATH"))}
+    if credentials:
+        env.update(
+            AWS_ACCESS_KEY_ID=FAKE_KEY_ID, AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+        )
     env.update(
-        AWS_ACCESS_KEY_ID=FAKE_KEY_ID,
-        AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
         AWS_REGION="us-west-2",
         AWS_CONFIG_FILE=os.devnull,
         AWS_SHARED_CREDENTIALS_FILE=os.devnull,
