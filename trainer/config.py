@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 import sys
 import tomllib
 import types
@@ -31,10 +30,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticUndefined
 
+from handlers.agent_client import RUNTIME_ARN_FORM, is_runtime_arn
+
 # The validation context key that carries the directory relative paths are resolved against.
 BASE_DIR_KEY = "base_dir"
 
-_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:bedrock-agentcore:[a-z0-9-]+:\d{12}:runtime/[A-Za-z0-9_-]+$")
 
 RewardAggregation = Literal["sum", "last", "mean"]
 
@@ -370,10 +370,9 @@ class TrainConfig(_Section):
     @classmethod
     def _agent_targets(cls, targets: list[str]) -> list[str]:
         for target in targets:
-            if not (target.startswith(("http://", "https://")) or _ARN_PATTERN.match(target)):
+            if not (target.startswith(("http://", "https://")) or is_runtime_arn(target)):
                 raise ValueError(
-                    f"{target!r} is neither an http(s) URL nor an AgentCore runtime ARN "
-                    "(arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/NAME)"
+                    f"{target!r} is neither an http(s) URL nor an AgentCore runtime ARN ({RUNTIME_ARN_FORM})"
                 )
         return [t.rstrip("/") if t.startswith("http") else t for t in targets]
 
