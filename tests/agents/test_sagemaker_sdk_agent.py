@@ -110,7 +110,7 @@ def test_a_sagemaker_sdk_agent_trains_a_step_on_a_service_format_dataset(
     # The SDK posted both reports for every rollout, signed with its token, and none was refused.
     assert agent_log.count("CompleteRollout: trajectory_id=") == 8
     assert agent_log.count("UpdateReward: trajectory_id=") == 8
-    assert "Failed /" not in agent_log and "401" not in agent_log
+    assert "Failed /" not in agent_log and "status=401" not in agent_log
 
 
 def test_without_token_mode_the_sdk_agent_is_refused_and_the_run_says_why(
