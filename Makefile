@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed-train-dev
 VLLM_STAMP := $(VLLM_VENV)/.installed
 AGENT_VENV := .venv-agent
 AGENT_STAMP := $(AGENT_VENV)/.installed
+SAGEMAKER_VENV := .venv-sagemaker
+SAGEMAKER_STAMP := $(SAGEMAKER_VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
@@ -36,16 +38,25 @@ $(AGENT_STAMP): pyproject.toml
 	$(AGENT_VENV)/bin/python -m pip install -q .
 	touch $@
 
+# AWS's own agent SDK for SageMaker's Multi-Turn RL, without rftkit: the suite trains an agent written
+# for that service, unchanged (tests/agents/test_sagemaker_sdk_agent.py). sagemaker-train pulls in
+# sagemaker-core and mlflow: about 1 GB and several minutes on a fresh machine.
+$(SAGEMAKER_STAMP):
+	rm -rf $(SAGEMAKER_VENV)
+	$(PYTHON) -m venv $(SAGEMAKER_VENV)
+	$(SAGEMAKER_VENV)/bin/python -m pip install -q "sagemaker-train==1.27.0" "strands-agents[openai]>=1.62" "bedrock-agentcore>=1.25"
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
-test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP)
 	$(VENV)/bin/ruff check .
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
-		$(PY) -m pytest -q
+		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q
 
 bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) $(SAGEMAKER_VENV) runs

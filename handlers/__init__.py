@@ -6,7 +6,7 @@ Light by design: importable without torch, so an agent container installs only t
 from typing import TYPE_CHECKING, Any
 
 from handlers.context import InvalidRowError, RolloutContext
-from handlers.episode_errors import ends_episode
+from handlers.episode_errors import ends_episode, refused_by_endpoint
 from handlers.protocol import (
     JOB_ARN_HEADER,
     RFTKIT_KEY,
@@ -45,6 +45,7 @@ __all__ = [
     "RolloutResponse",
     "UpdateRewardRequest",
     "ends_episode",
+    "refused_by_endpoint",
     "rft_app",
     "rft_handler",
 ]

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import openai
 from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 
 _PLAY_OUTCOMES = (openai.BadRequestError, ContextWindowOverflowException, MaxTokensReachedException)
+
+
+def _cause_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and what it wraps (Strands wraps errors), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def ends_episode(error: BaseException) -> bool:
@@ -16,11 +28,10 @@ def ends_episode(error: BaseException) -> bool:
     (403, 5xx, a dropped connection) is an infrastructure failure: let it propagate, so the rollout is
     reported failed rather than scored. Strands wraps errors, so the whole cause chain is searched.
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, _PLAY_OUTCOMES):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(current, _PLAY_OUTCOMES) for current in _cause_chain(error))
+
+
+def refused_by_endpoint(error: BaseException) -> bool:
+    """True when the policy endpoint refused the call (a 400, e.g. ``Could not find job``): no play
+    happened, as opposed to an answer cut off by max tokens or a full context."""
+    return any(isinstance(current, openai.BadRequestError) for current in _cause_chain(error))

@@ -27,6 +27,18 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from handlers.agent_client import (
+    AgentAnswer,
+    agentcore_client,
+    arn_region,
+    client_error_answer,
+    error_message,
+    invocations_url,
+    invoke_runtime,
+    is_runtime_arn,
+    read_answer,
+    runtime_session_id,
+)
 from handlers.protocol import (
     JOB_ARN_HEADER,
     JOB_NOT_FOUND_MESSAGE,
@@ -57,6 +69,13 @@ NOT_STARTING_SENTENCE = (
     "the server is not starting: is app.run() called, is the entrypoint outermost, is the port 8080?"
 )
 ACCESS_DENIED_SENTENCE = "access denied (403): the ARN or key belongs to another account or job"
+# What botocore-based signers (AWS's sagemaker-train SDK) say when the agent's environment has no keys.
+NO_CREDENTIALS_MARKER = "No AWS credentials found"
+CREDENTIALS_SENTENCE = (
+    "agents built on AWS's sagemaker-train SDK sign every report (and often every model call) with AWS "
+    "credentials, so give the agent's environment some: any, for a local run (AWS_ACCESS_KEY_ID, "
+    "AWS_SECRET_ACCESS_KEY, AWS_REGION), and start the policy server with accept_sagemaker_tokens"
+)
 
 
 class Outcome(StrEnum):
@@ -103,36 +122,27 @@ class SmokeReport:
 # --- reading the agent's answer --------------------------------------------------------------------
 
 
-def _error_text(body: bytes) -> str:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")[:500] or "(empty body)"
-    if isinstance(parsed, dict) and "error" in parsed:
-        return str(parsed["error"])[:500]
-    return json.dumps(parsed)[:500]
+def _reward(answer: AgentAnswer) -> float | None:
+    """The episode reward of a 200 answer (a per-turn list adds up), or None when it carries none."""
+    return math.fsum(answer.rewards) if answer.cause is None and answer.rewards else None
 
 
-def _reward(body: bytes) -> float | None:
-    """The episode reward in an agent's answer: rftkit's ``{"reward": ...}`` or a bare number or list."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None
-    value = parsed.get("reward") if isinstance(parsed, dict) else parsed
-    if isinstance(value, list) and value and all(isinstance(item, int | float) for item in value):
-        value = math.fsum(value)
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+def _without_reward(target: str, answer: AgentAnswer, body: bytes) -> SmokeReport:
+    observations = [f"agent answered HTTP {answer.status_code}: {body[:500].decode('utf-8', 'replace')}"]
+    verdict = "the agent answered without a reward: the rollout function must return its reward"
+    if answer.error:
+        verdict += f" ({answer.error})"
+    return SmokeReport(target, Outcome.PARTIAL, verdict, observations)
 
 
 def _agent_error(target: str, status_code: int, body: bytes) -> SmokeReport:
-    error = _error_text(body)
+    error = error_message(body)
     observations = [f"agent answered HTTP {status_code}: {error}"]
     if status_code == 403:
         return SmokeReport(target, Outcome.ACCESS_DENIED, ACCESS_DENIED_SENTENCE, observations)
-    if JOB_NOT_FOUND_MESSAGE in error:
+    if NO_CREDENTIALS_MARKER in error:
+        verdict = f"the agent found no AWS credentials to sign with: {CREDENTIALS_SENTENCE}"
+    elif JOB_NOT_FOUND_MESSAGE in error:
         verdict = (
             f"the agent reached the model endpoint, which answered '{JOB_NOT_FOUND_MESSAGE}', but let "
             "that error escape: catch the model's 400 and return the no-play reward"
@@ -188,7 +198,11 @@ def _judge_recording(
     completions = [r.get("Status") for r in recording.complete_rollouts if _matches(r, job_arn, rollout_id)]
     observations.append(f"update-reward: {rewards or 'none'}; complete-rollout: {completions or 'none'}")
     if not rewards:
-        missing.append("no update-reward for this rollout arrived: return the reward from an @rft_handler")
+        missing.append(
+            "no update-reward for this rollout arrived: return the reward from an @rft_handler (an agent "
+            f"on AWS's SDK that logs '{NO_CREDENTIALS_MARKER}' could not sign its reports: "
+            f"{CREDENTIALS_SENTENCE})"
+        )
     elif not any(_sums_to(reported, reward) for reported in rewards):
         missing.append(f"the reported rewards {rewards} do not add up to the answered reward {reward:g}")
     if "ready" not in completions:
@@ -219,11 +233,6 @@ def with_endpoint(payload: RolloutPayload, endpoint: str) -> RolloutPayload:
     )
 
 
-def invocations_url(target: str) -> str:
-    target = target.rstrip("/")
-    return target if target.endswith("/invocations") else f"{target}/invocations"
-
-
 def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_TIMEOUT_S) -> SmokeReport:
     """Check an agent served over HTTP, serving its policy endpoint from this process meanwhile."""
     recording = Recording()
@@ -243,11 +252,10 @@ def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_
             return SmokeReport(target, Outcome.AGENT_ERROR, verdict, observations)
         if response.status_code >= 400:
             return _agent_error(target, response.status_code, response.content)
-        reward = _reward(response.content)
+        answer = read_answer(response.status_code, response.content)
+        reward = _reward(answer)
         if reward is None:
-            observations = [f"agent answered HTTP {response.status_code}: {response.text[:500]}"]
-            verdict = "the agent answered without a reward: the rollout function must return its reward"
-            return SmokeReport(target, Outcome.PARTIAL, verdict, observations)
+            return _without_reward(target, answer, response.content)
         _wait_for_reports(recording, REPORT_GRACE_S)
         return _judge_recording(target, payload, reward, recording)
 
@@ -262,16 +270,6 @@ REMOTE_VERDICT = (
     "the agent parses its payload and returns a reward; the runtime cannot reach this machine, so run the "
     "same image locally and `rft smoke http://localhost:8080` to verify the rest"
 )
-
-
-def agentcore_client(arn: str, timeout: float) -> Any:
-    """A boto3 ``bedrock-agentcore`` client in the ARN's region, with one attempt and the check's timeout."""
-    import boto3
-    from botocore.config import Config
-
-    region = arn.split(":")[3]
-    config = Config(read_timeout=timeout, connect_timeout=min(timeout, 10.0), retries={"max_attempts": 1})
-    return boto3.client("bedrock-agentcore", region_name=region, config=config)
 
 
 def smoke_arn(
@@ -290,26 +288,18 @@ def smoke_arn(
         ReadTimeoutError,
     )
 
-    client = client if client is not None else agentcore_client(arn, timeout)
-    request: dict[str, Any] = {
-        "agentRuntimeArn": arn,
-        # AgentCore wants 33 to 256 characters.
-        "runtimeSessionId": f"rftkit-smoke-{uuid.uuid4().hex}",
-        "payload": json.dumps(payload.to_wire()).encode(),
-        "contentType": "application/json",
-        "accept": "application/json",
-    }
-    if qualifier:
-        request["qualifier"] = qualifier
+    if client is None:
+        client = agentcore_client(arn_region(arn), read_timeout_s=timeout, connect_timeout_s=10.0)
+    body = json.dumps(payload.to_wire()).encode()
     try:
-        response = client.invoke_agent_runtime(**request)
+        # AgentCore wants a session id of 33 to 256 characters.
+        status_code, content = invoke_runtime(
+            client, arn, body, session_id=runtime_session_id(f"smoke-{uuid.uuid4().hex}"), qualifier=qualifier
+        )
     except ClientError as exc:
-        error = exc.response.get("Error", {})
-        status_code = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        observations = [
-            f"AgentCore answered {error.get('Code')} (HTTP {status_code}): {error.get('Message')}"
-        ]
-        if status_code == 403 or error.get("Code") == "AccessDeniedException":
+        refusal = client_error_answer(exc.response)
+        observations = [f"AgentCore answered {refusal.error}"]
+        if refusal.access_denied:
             return SmokeReport(arn, Outcome.ACCESS_DENIED, ACCESS_DENIED_SENTENCE, observations)
         verdict = (
             "the runtime or the agent in it answered an error, shown above: fix it and run rft smoke again"
@@ -318,15 +308,12 @@ def smoke_arn(
     except (ReadTimeoutError, ConnectTimeoutError, EndpointConnectionError) as exc:
         observations = [f"no answer from AgentCore within {timeout:g} s: {exc}"]
         return SmokeReport(arn, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
-    body = response["response"].read()
-    status_code = int(response.get("statusCode") or 200)
     if status_code >= 400:
-        return _agent_error(arn, status_code, body)
-    reward = _reward(body)
+        return _agent_error(arn, status_code, content)
+    answer = read_answer(status_code, content)
+    reward = _reward(answer)
     if reward is None:
-        observations = [f"agent answered HTTP {status_code}: {body[:500].decode('utf-8', 'replace')}"]
-        verdict = "the agent answered without a reward: the rollout function must return its reward"
-        return SmokeReport(arn, Outcome.PARTIAL, verdict, observations)
+        return _without_reward(arn, answer, content)
     observations = [f"agent answered HTTP {status_code} with reward {reward:g}"]
     return SmokeReport(
         arn, Outcome.HEALTHY, REMOTE_VERDICT, observations, list(UNVERIFIABLE_REMOTELY), reward
@@ -360,10 +347,6 @@ def load_payload(path: Path | None) -> tuple[RolloutPayload, str]:
             for item in exc.errors()[:3]
         )
         raise PayloadFileError(f"the payload file {path} is not a rollout payload: {problems}") from exc
-
-
-def is_runtime_arn(target: str) -> bool:
-    return target.startswith("arn:") and ":bedrock-agentcore:" in target and ":runtime/" in target
 
 
 def _parser() -> argparse.ArgumentParser:

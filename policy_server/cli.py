@@ -11,6 +11,7 @@ from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import Engine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
+from policy_server.sigv4_token import SageMakerTokenPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +40,19 @@ def _parser() -> argparse.ArgumentParser:
         "--adapters-dir",
         type=Path,
         help="the only directory /admin/load-adapter loads adapters from (default: none)",
+    )
+    parser.add_argument(
+        "--accept-sagemaker-tokens",
+        action="store_true",
+        help="also accept the bearer tokens AWS's SageMaker SDK signs (checked offline; see the README)",
+    )
+    parser.add_argument(
+        "--sagemaker-access-key-id",
+        dest="sagemaker_access_key_ids",
+        action="append",
+        default=[],
+        metavar="AKID",
+        help="with --accept-sagemaker-tokens: an access key id tokens may name; repeatable (default: any)",
     )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
     parser.add_argument(
@@ -108,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         print("rft serve: --admin-key must differ from --api-key (agents hold the API key)")
         return 2
     _stop_on_interrupt_or_term()
+    tokens = None
+    if args.accept_sagemaker_tokens:
+        tokens = SageMakerTokenPolicy(access_key_ids=frozenset(args.sagemaker_access_key_ids))
     server = PolicyServer(
         _engine(args),
         policy_name=args.policy_name,
         api_key=args.api_key,
         admin_key=args.admin_key,
         adapters_dir=args.adapters_dir,
+        sagemaker_tokens=tokens,
     )
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
     try:
@@ -138,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             print("no job is open: calls answer 400 (pass --open-job ARN, or --admin-key to open jobs)")
         if args.api_key:
             print("  Authorization: Bearer <your --api-key>")
+        if tokens is not None:
+            print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
         print("Ctrl-C stops the server.")
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -46,6 +46,7 @@ from policy_server.chat_api import (
     stream_chunks,
 )
 from policy_server.jobs import Rejection
+from policy_server.sigv4_token import SageMakerTokenPolicy
 
 if TYPE_CHECKING:
     from policy_server.server import PolicyServer
@@ -88,10 +89,17 @@ class AuthMiddleware:
     operations (close a job, take a trace, load an adapter).
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        admin_key: str | None,
+        sagemaker_tokens: SageMakerTokenPolicy | None = None,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.admin_key = admin_key
+        self.sagemaker_tokens = sagemaker_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -110,9 +118,18 @@ class AuthMiddleware:
             if _matches(given, self.api_key):
                 return 403, "This is the agents' key: admin operations need the admin key."
             return 401, "Missing or wrong admin key: send the header 'Authorization: Bearer <admin key>'."
-        if self.api_key is None or _matches(given, self.api_key):
+        if (self.api_key is None and self.sagemaker_tokens is None) or _matches(given, self.api_key):
             return None
-        return 401, "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
+        key_refusal = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
+        if self.sagemaker_tokens is None:
+            return 401, key_refusal
+        # The agents' routes also take the bearer tokens AWS's SageMaker SDK signs (checked offline).
+        token_refusal = self.sagemaker_tokens.refusal(given.decode("latin-1"))
+        if token_refusal is None:
+            return None
+        if self.api_key is None:
+            return 401, f"SageMaker token refused: {token_refusal}."
+        return 401, f"{key_refusal[:-1]}, or a SageMaker token (refused: {token_refusal})."
 
 
 # A client gets this long to send its whole body: a stalled upload must not hold a connection forever.
@@ -360,5 +377,10 @@ def build_app(server: PolicyServer) -> Starlette:
             Exception: on_unexpected,
         },
     )
-    app.add_middleware(AuthMiddleware, api_key=server.api_key, admin_key=server.admin_key)
+    app.add_middleware(
+        AuthMiddleware,
+        api_key=server.api_key,
+        admin_key=server.admin_key,
+        sagemaker_tokens=server.sagemaker_tokens,
+    )
     return app

@@ -20,6 +20,7 @@ from handlers.protocol import RolloutStatus
 from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
 from policy_server.engines.base import Engine, GenerationResult
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
+from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters, clipped_for_record
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class PolicyServer:
         admin_key: str | None = None,
         adapters_dir: str | Path | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        sagemaker_tokens: SageMakerTokenPolicy | None = None,
     ) -> None:
         """``api_key`` guards what agents call; ``admin_key``, when given, serves ``/admin/*`` over
         HTTP to its holder (never to an agent's key); ``adapters_dir`` is the only directory
@@ -94,6 +96,8 @@ class PolicyServer:
         self.api_key = api_key or None
         self.admin_key = admin_key or None
         self.adapters_dir = Path(adapters_dir).resolve() if adapters_dir is not None else None
+        # Accept the SageMaker SDK's signed bearer tokens on the agents' routes (checked offline).
+        self.sagemaker_tokens = sagemaker_tokens
         self.max_body_bytes = max_body_bytes
         self.registry = JobRegistry()
         self._versions = _AdapterVersions()

@@ -44,6 +44,21 @@ def agent_python() -> str:
 
 
 @pytest.fixture(scope="session")
+def sagemaker_python() -> str:
+    """The Python of an environment holding AWS's own agent SDK (`sagemaker-train`) and no rftkit.
+
+    Not a skip: running agents written for SageMaker's service unchanged is part of the product.
+    """
+    path = os.environ.get("RFTKIT_SAGEMAKER_PYTHON") or str(REPO_ROOT / ".venv-sagemaker" / "bin" / "python")
+    if not Path(path).exists():
+        pytest.fail(
+            f"the sagemaker-train environment's Python not found at {path}: run `make test` (it builds "
+            ".venv-sagemaker) or set RFTKIT_SAGEMAKER_PYTHON"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
 def random_adapter(tiny_model_dir: Path) -> Callable[..., Path]:
     """Factory for peft LoRA adapters on the tiny model whose B matrices are random.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 import sys
 import tomllib
 import types
@@ -31,10 +30,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticUndefined
 
+from handlers.agent_client import RUNTIME_ARN_FORM, is_runtime_arn
+
 # The validation context key that carries the directory relative paths are resolved against.
 BASE_DIR_KEY = "base_dir"
 
-_ARN_PATTERN = re.compile(r"^arn:aws[a-z-]*:bedrock-agentcore:[a-z0-9-]+:\d{12}:runtime/[A-Za-z0-9_-]+$")
 
 RewardAggregation = Literal["sum", "last", "mean"]
 
@@ -143,6 +143,16 @@ class PolicyServerConfig(_Section):
         description="Bearer key agents must send on the routes they call (/v1, feedback, /health); "
         "it is handed to every agent and opens no admin operation. Unset: no authentication.",
     )
+    accept_sagemaker_tokens: bool = Field(
+        default=False,
+        description="Also accept, on the agents' routes, the bearer tokens AWS's SageMaker SDK "
+        "(sagemaker-train) signs and sends in place of any key: checked offline for form, credential "
+        "scope and expiry, not for their signature (see the README).",
+    )
+    sagemaker_access_key_ids: list[str] = Field(
+        default_factory=list,
+        description="With accept_sagemaker_tokens: the AWS access key ids a token may name; empty: any.",
+    )
 
     @field_validator("public_url")
     @classmethod
@@ -194,7 +204,15 @@ class TrainConfig(_Section):
     # --- data and agents
     train_file: ConfigPath = Field(
         default=Path("train.jsonl"),
-        description="Training rows, JSONL; each row is sent as the payload's prompt as it is.",
+        description="Training rows, JSONL; each row (or its prompt_column) is sent as the payload's prompt.",
+    )
+    prompt_column: str | None = Field(
+        default="prompt",
+        min_length=1,
+        description="The row field sent as the payload's prompt, as SageMaker's service sends only the "
+        "row's `prompt` column (a string, often JSON): a row that is an object holding this field "
+        "sends that field's value as it is; any other row is sent whole. null: every row is sent whole. "
+        "A name other than `prompt` that no row holds is an error.",
     )
     eval_file: ConfigPath | None = Field(
         default=None, description="Validation rows, JSONL; unset: no evaluation."
@@ -354,10 +372,9 @@ class TrainConfig(_Section):
     @classmethod
     def _agent_targets(cls, targets: list[str]) -> list[str]:
         for target in targets:
-            if not (target.startswith(("http://", "https://")) or _ARN_PATTERN.match(target)):
+            if not (target.startswith(("http://", "https://")) or is_runtime_arn(target)):
                 raise ValueError(
-                    f"{target!r} is neither an http(s) URL nor an AgentCore runtime ARN "
-                    "(arn:aws:bedrock-agentcore:REGION:ACCOUNT:runtime/NAME)"
+                    f"{target!r} is neither an http(s) URL nor an AgentCore runtime ARN ({RUNTIME_ARN_FORM})"
                 )
         return [t.rstrip("/") if t.startswith("http") else t for t in targets]
 

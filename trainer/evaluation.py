@@ -24,6 +24,7 @@ class EvalResult:
     scored: int
     failed: int
     failures: dict[str, int] = field(default_factory=dict)
+    failure_errors: dict[str, str] = field(default_factory=dict)  # the first error text per cause
     adapter_version: int = 0
     agent_metrics: dict[str, float] = field(default_factory=dict)  # means over the scored rollouts
 
@@ -45,6 +46,7 @@ def score(
         scored=len(rewards),
         failed=len(outcomes) - len(rewards),
         failures={cause: count for cause, count in failures.as_dict().items() if count},
+        failure_errors=failures.errors_dict(),
         adapter_version=adapter_version,
         agent_metrics=mean_agent_metrics(outcomes),
     )

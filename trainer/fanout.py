@@ -5,7 +5,8 @@ Targets are http(s) base URLs (``POST {url}/invocations``) and AgentCore runtime
 Every rollout has a deadline that covers all its attempts: nothing waits past it. Transport failures
 (refused, reset, closed, 429, 502, 503, 504) are retried with exponential backoff and jitter while the
 deadline allows; other answers are final. A failed rollout carries its cause and never a reward: the
-loop drops it from its group's statistics instead of scoring it zero.
+loop drops it from its group's statistics instead of scoring it zero. Calling one agent and reading its
+answer is :mod:`handlers.agent_client`'s, shared with ``rft smoke``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any, Literal
 
-import boto3
 import httpx
-from botocore.config import Config as BotoConfig
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -34,31 +32,21 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from handlers.protocol import (
-    InferenceParams,
-    ResultStatus,
-    RftkitExtras,
-    RolloutMetadata,
-    RolloutPayload,
+from handlers.agent_client import (
+    ERROR_TEXT_CHARS,
+    AgentAnswer,
+    FailureCause,
+    agentcore_client,
+    arn_region,
+    client_error_answer,
+    invocations_url,
+    invoke_runtime,
+    is_runtime_arn,
+    read_answer,
+    runtime_session_id,
 )
+from handlers.protocol import InferenceParams, RftkitExtras, RolloutMetadata, RolloutPayload
 from trainer.config import RewardAggregation, TrainConfig
-
-# HTTP answers that mean "the agent is there but cannot take this now": retried like a dropped connection.
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
-_RETRYABLE_AWS_CODES = frozenset({"ThrottlingException", "RetryableConflictException", "ServiceUnavailable"})
-_SESSION_NAMESPACE = uuid.UUID("5b0c3c5e-7f0e-4a55-9d8a-2f1b6f3f0a11")
-
-
-class FailureCause(StrEnum):
-    """Why a rollout gives no reward."""
-
-    AGENT_ERROR = "agent_error"  # the agent answered 4xx/5xx (not 429/502-504) or reported itself failed
-    TIMEOUT = "timeout"  # the rollout's deadline passed
-    TRANSPORT = "transport"  # refused, reset, closed, 429, 502-504, still failing after the retries
-    BAD_REWARD = "bad_reward"  # a reward that is NaN, infinite or not a number
-    BAD_RESPONSE = "bad_response"  # a 200 answer that is not a rollout result
-    SKIPPED = "skipped"  # the agent skipped the row ({"status": "skipped"})
-    NO_REPORT = "no_report"  # the agent finished but reported no reward, neither answer nor update-reward
 
 
 @dataclass(frozen=True)
@@ -143,14 +131,17 @@ def mean_agent_metrics(outcomes: Sequence[RolloutOutcome]) -> dict[str, float]:
 
 @dataclass
 class FailureCounts:
-    """Failed rollouts counted by cause."""
+    """Failed rollouts counted by cause, with the first error text of each cause."""
 
     counts: Counter[FailureCause] = field(default_factory=Counter)
+    first_errors: dict[FailureCause, str] = field(default_factory=dict)
 
     def add(self, outcomes: Iterable[RolloutOutcome]) -> None:
         for outcome in outcomes:
             if outcome.cause is not None:
                 self.counts[outcome.cause] += 1
+                text = (outcome.error or "(no error text)")[:ERROR_TEXT_CHARS]
+                self.first_errors.setdefault(outcome.cause, text)
 
     @property
     def total(self) -> int:
@@ -159,6 +150,18 @@ class FailureCounts:
     def as_dict(self) -> dict[str, int]:
         """Every cause with its count, zeros included (stable metric columns)."""
         return {cause.value: self.counts[cause] for cause in FailureCause}
+
+    def errors_dict(self) -> dict[str, str]:
+        """The first error text of each cause seen."""
+        return {cause.value: text for cause, text in self.first_errors.items()}
+
+    def describe(self) -> str:
+        """One line per cause seen: ``agent_error x15, first: HTTP 500: ...``."""
+        return "; ".join(
+            f"{cause.value} x{self.counts[cause]}, first: {self.first_errors[cause]}"
+            for cause in FailureCause
+            if self.counts[cause]
+        )
 
 
 def aggregate_rewards(rewards: Sequence[float], how: RewardAggregation) -> float:
@@ -208,101 +211,21 @@ def group_is_trainable(outcomes: Sequence[RolloutOutcome]) -> GroupCheck:
     """A group trains only with two or more valid rollouts whose rewards differ."""
     rewards = [outcome.reward for outcome in outcomes if outcome.ok and outcome.reward is not None]
     if len(rewards) < 2:
-        return GroupCheck(False, f"only {len(rewards)} valid rollout(s) of {len(outcomes)}")
+        reason = f"only {len(rewards)} valid rollout(s) of {len(outcomes)}"
+        failures = FailureCounts()
+        failures.add(outcomes)
+        return GroupCheck(False, f"{reason} ({failures.describe()})" if failures.total else reason)
     if max(rewards) - min(rewards) == 0.0:
         return GroupCheck(False, f"no reward variance (all {len(rewards)} rewards are {rewards[0]:g})")
     return GroupCheck(True)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Reading the agent's answer
-
-
-@dataclass(frozen=True)
-class _Answer:
-    cause: FailureCause | None
-    rewards: list[float] | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _read_answer(body: bytes) -> _Answer:
-    """Classify a 200 answer: the shapes rft_handler and the service's own handlers return."""
-    try:
-        result = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _Answer(FailureCause.BAD_RESPONSE, error=f"the answer is not JSON: {body[:200]!r}")
-    if _is_number(result) or isinstance(result, list):
-        return _rewards_answer(result, {})
-    if not isinstance(result, dict):
-        return _Answer(
-            FailureCause.BAD_RESPONSE, error=f"the answer is not a rollout result: {result!r:.200}"
-        )
-    status = result.get("status", ResultStatus.READY.value)
-    if status == ResultStatus.SKIPPED.value:
-        return _Answer(FailureCause.SKIPPED, error="the agent skipped the row")
-    if status in (ResultStatus.FAILED.value, "error"):
-        return _Answer(
-            FailureCause.AGENT_ERROR, error=str(result.get("error") or "the agent reported failure")
-        )
-    if status != ResultStatus.READY.value:
-        return _Answer(FailureCause.BAD_RESPONSE, error=f"unknown rollout status {status!r}")
-    metrics = result.get("metrics") or {}
-    if not isinstance(metrics, dict):
-        metrics = {}
-    numeric_metrics = {str(k): float(v) for k, v in metrics.items() if _is_number(v) or isinstance(v, bool)}
-    rewards = result.get("rewards")
-    if rewards is None:
-        rewards = result.get("reward")
-    if rewards is None:
-        return _Answer(FailureCause.NO_REPORT, metrics=numeric_metrics, error="the answer carries no reward")
-    return _rewards_answer(rewards, numeric_metrics)
-
-
-def _rewards_answer(value: Any, metrics: dict[str, float]) -> _Answer:
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        return _Answer(FailureCause.BAD_REWARD, error="the answer's reward list is empty")
-    if not all(_is_number(item) and math.isfinite(item) for item in values):
-        return _Answer(FailureCause.BAD_REWARD, error=f"the answer's reward is not finite: {value!r:.200}")
-    return _Answer(None, rewards=[float(item) for item in values], metrics=metrics)
-
-
-def _error_text(status: int, body: bytes) -> str:
-    try:
-        message = json.loads(body).get("error")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        message = None
-    return f"HTTP {status}: {message or body[:200].decode('utf-8', 'replace')}"
 
 
 class _Retryable(Exception):
     """A transport failure worth another attempt."""
 
 
-class _Final(Exception):
-    """A failure that another attempt would repeat."""
-
-    def __init__(self, cause: FailureCause, message: str) -> None:
-        super().__init__(message)
-        self.cause = cause
-
-
 # ---------------------------------------------------------------------------------------------------
 # Targets
-
-
-def is_agent_runtime_arn(target: str) -> bool:
-    return target.startswith("arn:") and ":bedrock-agentcore:" in target
-
-
-def runtime_session_id(rollout_id: str) -> str:
-    """The AgentCore session id of a rollout: stable, 39 characters (the service wants 33 to 256)."""
-    return f"rftkit-{uuid.uuid5(_SESSION_NAMESPACE, rollout_id).hex}"
 
 
 @dataclass
@@ -351,7 +274,7 @@ class Fanout:
             timeout=None,  # the rollout deadline bounds every request
             limits=httpx.Limits(max_connections=max_concurrent, max_keepalive_connections=max_concurrent),
         )
-        has_arns = any(is_agent_runtime_arn(target.address) for target in self._targets)
+        has_arns = any(is_runtime_arn(target.address) for target in self._targets)
         # boto3 blocks; its calls get their own threads so they never queue behind the default pool.
         self._executor = ThreadPoolExecutor(max_concurrent, "rftkit-agentcore") if has_arns else None
         self._jitter = random.Random()
@@ -430,8 +353,6 @@ class Fanout:
                     started,
                     last_target,
                 )
-            except _Final as error:
-                return self._failed(request, error.cause, str(error), attempts, started, last_target)
         if answer.cause is not None:
             outcome = self._failed(request, answer.cause, answer.error or "", attempts, started, last_target)
             return replace(outcome, metrics=answer.metrics)
@@ -475,11 +396,11 @@ class Fanout:
     def _backoff(self, attempt: int) -> float:
         return self.retry_backoff_s * 2 ** (attempt - 1) * self._jitter.uniform(0.5, 1.0)
 
-    async def _attempt(self, target: _Target, request: RolloutRequest, body: bytes) -> _Answer:
+    async def _attempt(self, target: _Target, request: RolloutRequest, body: bytes) -> AgentAnswer:
         target.outstanding += 1
         target.dispatched += 1
         try:
-            if is_agent_runtime_arn(target.address):
+            if is_runtime_arn(target.address):
                 return await self._invoke_runtime(target.address, request, body)
             return await self._post(target.address, body)
         finally:
@@ -487,68 +408,51 @@ class Fanout:
 
     # --- http(s) targets
 
-    async def _post(self, url: str, body: bytes) -> _Answer:
-        endpoint = url if url.endswith("/invocations") else f"{url}/invocations"
+    async def _post(self, url: str, body: bytes) -> AgentAnswer:
+        endpoint = invocations_url(url)
         try:
             response = await self._http.post(
                 endpoint, content=body, headers={"Content-Type": "application/json"}
             )
         except httpx.TransportError as error:
             raise _Retryable(f"{type(error).__name__} from {endpoint}: {error}") from None
-        if response.status_code in RETRYABLE_STATUS:
-            raise _Retryable(f"{_error_text(response.status_code, response.content)} from {endpoint}")
-        if response.status_code >= 400:
-            raise _Final(FailureCause.AGENT_ERROR, _error_text(response.status_code, response.content))
-        return _read_answer(response.content)
+        answer = read_answer(response.status_code, response.content)
+        if answer.retryable:
+            raise _Retryable(f"{answer.error} from {endpoint}")
+        return answer
 
     # --- AgentCore runtime targets
 
     def _default_agentcore_client(self, region: str) -> Any:
-        config = BotoConfig(
-            retries={"total_max_attempts": 1},  # retries are ours, within the deadline
-            read_timeout=self.rollout_timeout_s,
-            connect_timeout=min(self.rollout_timeout_s, 30.0),
-        )
-        return boto3.client("bedrock-agentcore", region_name=region, config=config)
+        return agentcore_client(region, read_timeout_s=self.rollout_timeout_s)
 
     def _agentcore_client(self, arn: str) -> Any:
-        region = self.aws_region or arn.split(":")[3]
+        region = self.aws_region or arn_region(arn)
         if region not in self._agentcore_clients:
             self._agentcore_clients[region] = self._client_factory(region)
         return self._agentcore_clients[region]
 
-    async def _invoke_runtime(self, arn: str, request: RolloutRequest, body: bytes) -> _Answer:
+    async def _invoke_runtime(self, arn: str, request: RolloutRequest, body: bytes) -> AgentAnswer:
         client = self._agentcore_client(arn)
-        params: dict[str, Any] = {
-            "agentRuntimeArn": arn,
-            "runtimeSessionId": runtime_session_id(request.rollout_id),
-            "payload": body,
-            "contentType": "application/json",
-            "accept": "application/json",
-        }
-        if self.agent_qualifier is not None:
-            params["qualifier"] = self.agent_qualifier
+        session_id = runtime_session_id(request.rollout_id)
 
         def invoke() -> tuple[int, bytes]:
-            response = client.invoke_agent_runtime(**params)
-            return int(response.get("statusCode", 200)), response["response"].read()
+            return invoke_runtime(client, arn, body, session_id=session_id, qualifier=self.agent_qualifier)
 
         assert self._executor is not None
         try:
             status, content = await asyncio.get_running_loop().run_in_executor(self._executor, invoke)
         except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            message = f"{code or 'error'} from {arn}: {error.response.get('Error', {}).get('Message', error)}"
-            if code in _RETRYABLE_AWS_CODES or status in RETRYABLE_STATUS:
-                raise _Retryable(message) from None
-            raise _Final(FailureCause.AGENT_ERROR, message) from None
+            answer = client_error_answer(error.response)
+            if answer.retryable:
+                raise _Retryable(f"{answer.error} from {arn}") from None
+            return answer
         except (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError) as error:
             raise _Retryable(f"{type(error).__name__} from {arn}: {error}") from None
         except BotoCoreError as error:
-            raise _Final(FailureCause.AGENT_ERROR, f"{type(error).__name__} calling {arn}: {error}") from None
-        if status in RETRYABLE_STATUS:
-            raise _Retryable(f"{_error_text(status, content)} from {arn}")
-        if status >= 400:
-            raise _Final(FailureCause.AGENT_ERROR, _error_text(status, content))
-        return _read_answer(content)
+            message = f"{type(error).__name__} calling {arn}: {error}"
+            return AgentAnswer(FailureCause.AGENT_ERROR, error=message)
+        answer = read_answer(status, content)
+        if answer.retryable:
+            raise _Retryable(f"{answer.error} from {arn}")
+        return answer

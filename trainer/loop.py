@@ -36,9 +36,11 @@ from policy_server.engines.base import Engine
 from policy_server.jobs import Rejection
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
+from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
 from trainer.checkpoint import DataPosition, RunState, latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.config import TrainConfig
+from trainer.config import PolicyServerConfig, TrainConfig
+from trainer.dataset import PromptColumnError, select_prompts
 from trainer.evaluation import EvalResult, evaluate
 from trainer.fanout import (
     FailureCause,
@@ -93,7 +95,7 @@ def derived_seed(*parts: object) -> int:
 
 
 def read_rows(path: Path) -> list[Any]:
-    """JSONL rows, each passed to the agent's ``prompt`` as it is."""
+    """JSONL rows as they are (``select_prompts`` picks what of each goes to the agent)."""
     if not path.is_file():
         raise TrainingError(f"data file {path} does not exist")
     rows = []
@@ -107,6 +109,13 @@ def read_rows(path: Path) -> list[Any]:
     if not rows:
         raise TrainingError(f"data file {path} holds no rows")
     return rows
+
+
+def _prompts(rows: list[Any], column: str | None, path: Path) -> list[Any]:
+    try:
+        return select_prompts(rows, column, source=str(path))
+    except PromptColumnError as error:
+        raise TrainingError(str(error)) from None
 
 
 def next_rows(
@@ -159,13 +168,23 @@ def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
     return build_tiny_model(target, seed=config.seed)
 
 
+def sagemaker_token_policy(config: PolicyServerConfig) -> SageMakerTokenPolicy | None:
+    """The gateway's SageMaker-token policy, when the config accepts such tokens."""
+    if not config.accept_sagemaker_tokens:
+        return None
+    return SageMakerTokenPolicy(access_key_ids=frozenset(config.sagemaker_access_key_ids))
+
+
 class _Session:
     """The policy server, the fan-out and one job: plays rollouts and hands back their traces."""
 
     def __init__(self, config: TrainConfig, engine: Engine) -> None:
         self.config = config
         self.server = PolicyServer(
-            engine, policy_name=config.policy_name, api_key=config.policy_server.api_key
+            engine,
+            policy_name=config.policy_name,
+            api_key=config.policy_server.api_key,
+            sagemaker_tokens=sagemaker_token_policy(config.policy_server),
         )
         self.thread = ServerThread(
             self.server, host=config.policy_server.host, port=config.policy_server.port
@@ -274,8 +293,10 @@ def _collect(config: TrainConfig, played: list[PlayedRollout], num_groups: int) 
     """Advantages per group (failed rollouts left out, untrainable groups skipped), then sequences."""
     batch = _GroupBatch()
     groups: list[list[tuple[PlayedRollout, list[TrainingSequence]]]] = [[] for _ in range(num_groups)]
+    failed: list[list[RolloutOutcome]] = [[] for _ in range(num_groups)]
     for rollout in played:
         if not rollout.outcome.ok or rollout.outcome.reward is None:
+            failed[rollout.request.group_index].append(rollout.outcome)
             continue  # failed: out of the group's statistics, never a zero
         batch.rewards.append(rollout.outcome.reward)
         try:
@@ -287,7 +308,7 @@ def _collect(config: TrainConfig, played: list[PlayedRollout], num_groups: int) 
         groups[rollout.request.group_index].append((rollout, sequences))
     centred_groups = []
     for index, members in enumerate(groups):
-        check = group_is_trainable([rollout.outcome for rollout, _ in members])
+        check = group_is_trainable([rollout.outcome for rollout, _ in members] + failed[index])
         if not check:
             batch.dropped_groups += 1
             log.info("group %d gives no gradient: %s", index, check.reason)
@@ -335,6 +356,7 @@ def _step_record(
             "per_s": len(played) / rollout_s if rollout_s > 0 else 0.0,
         },
         "failures": failures.as_dict(),
+        "failure_errors": failures.errors_dict(),
         "agent_metrics": mean_agent_metrics([rollout.outcome for rollout in played]),
         "groups": {
             "total": len({rollout.request.group_index for rollout in played}),
@@ -395,7 +417,68 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
         log_handler.close()
 
 
+@dataclass
+class _Run:
+    """What every step of one run shares: its data, learner, bookkeeping, metrics and policy server."""
+
+    config: TrainConfig
+    train_rows: list[Any]
+    eval_rows: list[Any]
+    learner: Learner
+    state: RunState
+    resumed_from: Path | None
+    metrics: MetricsLogger
+    session: _Session
+    totals: dict[str, int] = field(default_factory=dict)
+    counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.output_dir
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.config.output_dir / "checkpoints"
+
+
+@dataclass
+class _StepUpdate:
+    """What the optimizer did with one step's batch."""
+
+    applied: bool
+    metrics: dict[str, float]
+    seconds: float
+
+
 def _train(config: TrainConfig, resume: bool) -> RunSummary:
+    run = _open_run(config, resume)
+    failed = True
+    try:
+        run.session.start()
+        _serve_start_adapter(run)
+        if run.eval_rows and config.eval_on_start and not run.state.evaluations:
+            _evaluate(run, 0)
+        run.totals = _totals(run.state.history)
+        progress = _progress(config.max_steps, run.state.step)
+        for step in range(run.state.step + 1, config.max_steps + 1):
+            record = _run_step(run, step)
+            progress.update(1)
+            progress.set_postfix(
+                reward=f"{record['reward_mean']:.3f}", groups_dropped=record["groups"]["dropped"]
+            )
+        progress.close()
+        summary = _finish(run)
+        failed = False
+        return summary
+    finally:
+        try:
+            run.session.close()
+        finally:
+            run.metrics.close(failed=failed)
+
+
+def _open_run(config: TrainConfig, resume: bool) -> _Run:
+    """Rows, the learner (restored on resume), the metrics logger and the (not yet started) server."""
     run_dir = config.output_dir
     checkpoint_dir = run_dir / "checkpoints"
     if not resume and latest_checkpoint(checkpoint_dir) is not None:
@@ -403,12 +486,13 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
             f"{run_dir} already holds a run (checkpoints in {checkpoint_dir}): pass --resume to continue "
             "it, or choose another output_dir"
         )
-    train_rows = read_rows(config.train_file)
-    eval_rows = read_rows(config.eval_file) if config.eval_file is not None else []
+    train_rows = _prompts(read_rows(config.train_file), config.prompt_column, config.train_file)
+    eval_rows = []
+    if config.eval_file is not None:
+        eval_rows = _prompts(read_rows(config.eval_file), config.prompt_column, config.eval_file)
     eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
     model_dir = _model_dir(config, run_dir)
 
-    # The learner, and where the run stands.
     learner = learner_from_config(config, model_dir, init_adapter=config.init_adapter)
     state = RunState()
     resumed_from: Path | None = None
@@ -429,165 +513,199 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
-
-    # The policy server with the current adapter, and one job for the whole run.
     session = _Session(config, build_engine(config, model_dir))
-    failed = True
-    try:
-        session.start()
-        if resumed_from is not None and state.adapter_version > 0:
-            session.load_adapter(resumed_from / "adapter")
-        elif resumed_from is None and config.init_adapter is not None:
-            # The warm-start adapter is version 1: the first evaluation and step sample with it.
-            state.adapter_version = 1
-            session.load_adapter(_save_version(learner, run_dir, state.adapter_version))
+    return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
-        def run_eval(step: int) -> EvalResult:
-            result = evaluate(
-                eval_rows,
-                step=step,
-                make_request=lambda index, row, generation: session.request(
-                    row,
-                    f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
-                    index,
-                    temperature=config.eval_temperature,
-                    # The same seeds at every evaluation: before and after sample with the same
-                    # random numbers, so their difference is the policy's, not the dice's.
-                    seed=derived_seed(config.seed, "eval", index, generation),
-                ),
-                play=session.play_outcomes,
-                success_threshold=config.success_threshold,
-                adapter_version=state.adapter_version,
-                generations=config.eval_generations,
-            )
-            state.evaluations.append(result.as_dict())
-            log.info(
-                "eval at step %d: success %.3f, mean reward %.4f",
-                step,
-                result.success_rate,
-                result.mean_reward,
-            )
-            return result
 
-        if eval_rows and config.eval_on_start and not state.evaluations:
-            run_eval(0)
+def _serve_start_adapter(run: _Run) -> None:
+    """Serve the adapter the run starts from: the checkpoint's, or the warm start as version 1."""
+    state = run.state
+    if run.resumed_from is not None and state.adapter_version > 0:
+        run.session.load_adapter(run.resumed_from / "adapter")
+    elif run.resumed_from is None and run.config.init_adapter is not None:
+        # The warm-start adapter is version 1: the first evaluation and step sample with it.
+        state.adapter_version = 1
+        run.session.load_adapter(_save_version(run.learner, run.run_dir, state.adapter_version))
 
-        totals = _totals(state.history)
-        counted = TokenCounters()  # the server's counters start at zero with the job
-        progress = _progress(config.max_steps, state.step)
-        for step in range(state.step + 1, config.max_steps + 1):
-            step_started = time.monotonic()
-            log.info("step %d: rollouts started", step)
-            picked, state.position = next_rows(
-                train_rows, config.rows_per_step, state.position, seed=config.seed, shuffle=config.shuffle
-            )
 
-            # G rollouts per row, each with a fresh id and its own sampling seed.
-            requests = [
-                session.request(
-                    row,
-                    f"s{step}-g{group}-{member}-{uuid.uuid4().hex[:8]}",
-                    group,
-                    temperature=config.temperature,
-                    seed=derived_seed(config.seed, "train", step, group, member),
-                )
-                for group, (_, row) in enumerate(picked)
-                for member in range(config.num_generations)
-            ]
-            played = session.play(requests)
-            rollout_s = time.monotonic() - step_started
-
-            # Advantages and sequences, then num_iterations optimizer steps on them. The first pass's
-            # metrics describe the batch against the policy that sampled it (mismatch KL); the last
-            # pass's clip fraction shows how far the later, off-policy passes went.
-            batch = _collect(config, played, len(picked))
-            update_started = time.monotonic()
-            update_metrics: dict[str, float] = {}
-            updated = False
-            if batch.sequences:
-                for iteration in range(config.num_iterations):
-                    seed = derived_seed(config.seed, "update", step, iteration)
-                    result = learner.train_step(batch.sequences, seed=seed)
-                    updated = updated or not result.skipped
-                    if iteration == 0:
-                        update_metrics = dict(result.metrics)
-                update_metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
-            else:
-                log.info("step %d: no trainable group, no update", step)
-            update_s = time.monotonic() - update_started
-
-            # A new adapter version, served from the next step on.
-            load_started = time.monotonic()
-            if updated:
-                state.adapter_version += 1
-                directory = _save_version(learner, run_dir, state.adapter_version)
-                served = session.load_adapter(directory)
-                log.info("step %d: adapter v%d served as version %d", step, state.adapter_version, served)
-            adapter_load_s = time.monotonic() - load_started
-            state.step = step
-
-            last = step == config.max_steps
-            periodic = bool(config.eval_steps) and step % config.eval_steps == 0
-            evaluation = None
-            if eval_rows and (periodic or (last and config.eval_on_end)):
-                evaluation = run_eval(step)
-
-            # Prefill and sample tokens from the policy server, evaluation rollouts included.
-            counters = session.server.counters(session.job_arn)
-            tokens = {
-                "prefill": counters.prefill_tokens - counted.prefill_tokens,
-                "sample": counters.sample_tokens - counted.sample_tokens,
-                "train": int(update_metrics.get("train_tokens", 0)),
-            }
-            counted = counters
-            totals = {key: totals[key] + tokens[key] for key in totals}
-            record = _step_record(config, played, batch, tokens, totals, rollout_s)
-            record["update"] = {"applied": updated, **update_metrics}
-            record["adapter_version"] = state.adapter_version
-            if evaluation is not None:
-                record["eval"] = evaluation.as_dict()
-            record["time_s"] = {
-                "rollout": rollout_s,
-                "update": update_s,
-                "adapter_load": adapter_load_s,
-                "step": time.monotonic() - step_started,
-            }
-            state.history.append({"step": step, **record})
-            metrics.log_step(step, record)
-            progress.update(1)
-            progress.set_postfix(reward=f"{record['reward_mean']:.3f}", groups_dropped=batch.dropped_groups)
-
-            if step % config.save_steps == 0 or step == config.max_steps:
-                save_checkpoint(checkpoint_dir, state, learner, keep=config.save_total_limit)
-                log.info("step %d: checkpoint saved", step)
-        progress.close()
-
-        table = None
-        if len(state.evaluations) >= 2:
-            table = write_eval_table(run_dir, state.evaluations[0], state.evaluations[-1])
-            print(table)
-        totals = _totals(state.history)
-        cost = TokenCost(totals["prefill"], totals["sample"], totals["train"], config.prices)
-        print(cost_summary(cost))
-        final_adapter = None
-        if state.adapter_version > 0:
-            final_adapter = run_dir / "adapters" / f"v{state.adapter_version}"
-        failed = False
-        return RunSummary(
-            run_dir=run_dir,
-            steps=state.step,
-            adapter_dir=final_adapter,
-            adapter_version=state.adapter_version,
-            evaluations=state.evaluations,
-            cost=cost,
-            history=state.history,
-            eval_table=table,
+def _evaluate(run: _Run, step: int) -> EvalResult:
+    """Play the evaluation rows with the current adapter and keep the result in the run's state."""
+    config, session = run.config, run.session
+    result = evaluate(
+        run.eval_rows,
+        step=step,
+        make_request=lambda index, row, generation: session.request(
+            row,
+            f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
+            index,
+            temperature=config.eval_temperature,
+            # The same seeds at every evaluation: before and after sample with the same random
+            # numbers, so their difference is the policy's, not the dice's.
+            seed=derived_seed(config.seed, "eval", index, generation),
+        ),
+        play=session.play_outcomes,
+        success_threshold=config.success_threshold,
+        adapter_version=run.state.adapter_version,
+        generations=config.eval_generations,
+    )
+    run.state.evaluations.append(result.as_dict())
+    if result.failed:
+        failures = "; ".join(
+            f"{cause} x{count}, first: {result.failure_errors.get(cause, '')}"
+            for cause, count in result.failures.items()
         )
-    finally:
-        try:
-            session.close()
-        finally:
-            metrics.close(failed=failed)
+        if not result.scored:
+            raise TrainingError(
+                f"evaluation at step {step}: all {result.failed} rollouts failed: {failures}. "
+                "The agents' own logs have the details."
+            )
+        log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
+    log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
+    return result
+
+
+def _run_step(run: _Run, step: int) -> dict[str, Any]:
+    """One GRPO step: rollouts, update, new adapter version, maybe an evaluation, record, checkpoint."""
+    config, state = run.config, run.state
+    step_started = time.monotonic()
+    log.info("step %d: rollouts started", step)
+    picked, state.position = next_rows(
+        run.train_rows, config.rows_per_step, state.position, seed=config.seed, shuffle=config.shuffle
+    )
+    played = run.session.play(_step_requests(run, step, [row for _, row in picked]))
+    rollout_s = time.monotonic() - step_started
+
+    batch = _collect(config, played, len(picked))
+    update = _update(run, step, batch)
+    adapter_load_s = _publish(run, step, update.applied)
+    state.step = step
+    last = step == config.max_steps
+    periodic = bool(config.eval_steps) and step % config.eval_steps == 0
+    evaluation = None
+    if run.eval_rows and (periodic or (last and config.eval_on_end)):
+        evaluation = _evaluate(run, step)
+
+    record = _step_record(config, played, batch, _count_tokens(run, update), run.totals, rollout_s)
+    record["update"] = {"applied": update.applied, **update.metrics}
+    record["adapter_version"] = state.adapter_version
+    if evaluation is not None:
+        record["eval"] = evaluation.as_dict()
+    record["time_s"] = {
+        "rollout": rollout_s,
+        "update": update.seconds,
+        "adapter_load": adapter_load_s,
+        "step": time.monotonic() - step_started,
+    }
+    state.history.append({"step": step, **record})
+    run.metrics.log_step(step, record)
+    _check_failures(step, played)
+    if step % config.save_steps == 0 or last:
+        save_checkpoint(run.checkpoint_dir, state, run.learner, keep=config.save_total_limit)
+        log.info("step %d: checkpoint saved", step)
+    return record
+
+
+def _check_failures(step: int, played: list[PlayedRollout]) -> None:
+    """Show failed rollouts' causes with their first error text; stop a run whose rollouts all failed."""
+    failures = FailureCounts()
+    failures.add(rollout.outcome for rollout in played)
+    if not failures.total:
+        return
+    if failures.total == len(played):
+        raise TrainingError(
+            f"step {step}: all {len(played)} rollouts failed, so there is nothing to train on: "
+            f"{failures.describe()}. The agents' own logs have the details."
+        )
+    log.warning(
+        "step %d: %d of %d rollouts failed: %s", step, failures.total, len(played), failures.describe()
+    )
+
+
+def _step_requests(run: _Run, step: int, rows: list[Any]) -> list[RolloutRequest]:
+    """G rollouts per row, each with a fresh id and its own sampling seed."""
+    config = run.config
+    return [
+        run.session.request(
+            row,
+            f"s{step}-g{group}-{member}-{uuid.uuid4().hex[:8]}",
+            group,
+            temperature=config.temperature,
+            seed=derived_seed(config.seed, "train", step, group, member),
+        )
+        for group, row in enumerate(rows)
+        for member in range(config.num_generations)
+    ]
+
+
+def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
+    """``num_iterations`` optimizer steps on the batch.
+
+    The first pass's metrics describe the batch against the policy that sampled it (mismatch KL); the
+    last pass's clip fraction shows how far the later, off-policy passes went.
+    """
+    started = time.monotonic()
+    metrics: dict[str, float] = {}
+    applied = False
+    if not batch.sequences:
+        log.info("step %d: no trainable group, no update", step)
+        return _StepUpdate(applied, metrics, time.monotonic() - started)
+    for iteration in range(run.config.num_iterations):
+        seed = derived_seed(run.config.seed, "update", step, iteration)
+        result = run.learner.train_step(batch.sequences, seed=seed)
+        applied = applied or not result.skipped
+        if iteration == 0:
+            metrics = dict(result.metrics)
+    metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
+    return _StepUpdate(applied, metrics, time.monotonic() - started)
+
+
+def _publish(run: _Run, step: int, updated: bool) -> float:
+    """Save and serve a new adapter version (used from the next step on); the seconds it took."""
+    started = time.monotonic()
+    if updated:
+        run.state.adapter_version += 1
+        directory = _save_version(run.learner, run.run_dir, run.state.adapter_version)
+        served = run.session.load_adapter(directory)
+        log.info("step %d: adapter v%d served as version %d", step, run.state.adapter_version, served)
+    return time.monotonic() - started
+
+
+def _count_tokens(run: _Run, update: _StepUpdate) -> dict[str, int]:
+    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on."""
+    counters = run.session.server.counters(run.session.job_arn)
+    tokens = {
+        "prefill": counters.prefill_tokens - run.counted.prefill_tokens,
+        "sample": counters.sample_tokens - run.counted.sample_tokens,
+        "train": int(update.metrics.get("train_tokens", 0)),
+    }
+    run.counted = counters
+    run.totals = {key: run.totals[key] + tokens[key] for key in run.totals}
+    return tokens
+
+
+def _finish(run: _Run) -> RunSummary:
+    """The before/after table and the token account, printed; what the run produced."""
+    state = run.state
+    table = None
+    if len(state.evaluations) >= 2:
+        table = write_eval_table(run.run_dir, state.evaluations[0], state.evaluations[-1])
+        print(table)
+    totals = _totals(state.history)
+    cost = TokenCost(totals["prefill"], totals["sample"], totals["train"], run.config.prices)
+    print(cost_summary(cost))
+    final_adapter = None
+    if state.adapter_version > 0:
+        final_adapter = run.run_dir / "adapters" / f"v{state.adapter_version}"
+    return RunSummary(
+        run_dir=run.run_dir,
+        steps=state.step,
+        adapter_dir=final_adapter,
+        adapter_version=state.adapter_version,
+        evaluations=state.evaluations,
+        cost=cost,
+        history=state.history,
+        eval_table=table,
+    )
 
 
 def _progress(total: int, done: int) -> Any:

@@ -15,10 +15,9 @@ import operator
 import re
 from typing import Any
 
-import openai
 from strands import Agent, tool
 
-from handlers import RolloutContext, rft_app
+from handlers import RolloutContext, ends_episode, refused_by_endpoint, rft_app
 
 SYSTEM_PROMPT = (
     "Answer the arithmetic question. Use the calculate tool for every computation, "
@@ -29,6 +28,8 @@ WRONG_REWARD = 0.0
 # The model endpoint refused to play (for example `rft smoke`'s 400 "Could not find job"): below any
 # played episode, so a model that plays is always preferred.
 NO_PLAY_REWARD = -1.0
+# The answer was cut off (max tokens) or the context overflowed: an outcome of play, scored as wrong.
+TRUNCATED_REWARD = WRONG_REWARD
 
 _OPERATORS = {
     ast.Add: operator.add,
@@ -83,9 +84,13 @@ async def rollout(row: dict[str, Any], ctx: RolloutContext) -> float:
     )
     try:
         result = await agent.invoke_async(row["question"])
-    except openai.BadRequestError:
-        # Any other error propagates: the rollout is reported failed, never scored as zero.
-        return NO_PLAY_REWARD
+    except Exception as error:
+        # A 400 from the model endpoint, a truncated answer or a context overflow ends the episode
+        # and is scored; anything else (5xx, a dropped connection) propagates: the rollout is reported
+        # failed, never scored as zero.
+        if not ends_episode(error):
+            raise
+        return NO_PLAY_REWARD if refused_by_endpoint(error) else TRUNCATED_REWARD
     return reward(str(result), float(row["answer"]))
 
 

@@ -122,6 +122,17 @@ def test_an_agent_error_is_shown(serve: Any) -> None:
     assert "agent answered HTTP 500: KeyError: 'question'" in report.observations[0]
 
 
+def test_an_agent_without_aws_credentials_is_told_to_get_some(serve: Any) -> None:
+    def unsigned(row: Any, ctx: RolloutContext) -> float:
+        # What AWS's SDK raises when it cannot sign its bearer token.
+        raise RuntimeError("No AWS credentials found. Check your environment or credential provider.")
+
+    report = smoke_url(serve(rft_app(unsigned)), PAYLOAD, timeout=10)
+    assert report.outcome is Outcome.AGENT_ERROR
+    assert "no AWS credentials to sign with" in report.verdict
+    assert "any, for a local run (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)" in report.verdict
+
+
 def test_an_escaped_could_not_find_job_gets_its_own_advice(serve: Any) -> None:
     def unguarded(row: Any, ctx: RolloutContext) -> float:
         with ctx.openai_client() as client:

@@ -532,7 +532,8 @@ def test_group_is_trainable() -> None:
     ok = group_is_trainable([_outcome(1.0), _outcome(0.0), _outcome(None, FailureCause.TIMEOUT)])
     assert ok and ok.reason is None
     one = group_is_trainable([_outcome(1.0), _outcome(None, FailureCause.TRANSPORT)])
-    assert not one and one.reason == "only 1 valid rollout(s) of 2"
+    # A group that fails for want of valid rollouts says why they failed.
+    assert not one and one.reason == "only 1 valid rollout(s) of 2 (transport x1, first: (no error text))"
     flat = group_is_trainable([_outcome(0.5), _outcome(0.5), _outcome(None, FailureCause.AGENT_ERROR)])
     assert not flat and flat.reason == "no reward variance (all 2 rewards are 0.5)"
     assert not group_is_trainable([])
