@@ -32,6 +32,7 @@ import torch
 
 from handlers.protocol import InferenceParams, RftkitExtras
 from policy_server.engines.base import Engine
+from policy_server.engines.vllm import VLLMEngine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace, TokenCounters
@@ -48,8 +49,10 @@ from trainer.fanout import (
     resolve_reward,
 )
 from trainer.grpo import group_advantages
-from trainer.learner import Learner, learner_from_config
+from trainer.learner import Learner
 from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
+from trainer.placement import Placement, cuda_visible_devices
+from trainer.plan import preflight
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
 
 log = logging.getLogger(__name__)
@@ -125,24 +128,44 @@ def next_rows(
     return picked, DataPosition(epoch=epoch, order=order, index=index)
 
 
-def build_engine(config: TrainConfig, model_dir: Path) -> Engine:
+def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
     if config.engine == "vllm":
-        from policy_server.engines.vllm import VLLMEngine
-
+        vllm = config.vllm
         return VLLMEngine(
             model_dir,
-            python=str(config.vllm.python) if config.vllm.python else None,
-            base_url=config.vllm.attach_url,
+            python=str(vllm.python) if vllm.python else None,
+            base_url=vllm.attach_url,
             served_name=config.policy_name,
-            max_lora_rank=config.vllm.max_lora_rank,
-            max_loras=config.vllm.max_loras,
-            dtype=config.vllm.dtype,
-            extra_args=config.vllm.extra_args,
-            startup_timeout_s=config.vllm.startup_timeout_s,
+            max_lora_rank=vllm.max_lora_rank,
+            max_loras=vllm.max_loras,
+            dtype=vllm.dtype,
+            max_model_len=vllm.max_model_len,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            enable_sleep_mode=vllm.enable_sleep_mode,
+            cuda_visible_devices=cuda_visible_devices(placement.vllm_devices)
+            if placement.vllm_devices
+            else None,
+            extra_args=vllm.extra_args,
+            startup_timeout_s=vllm.startup_timeout_s,
         )
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(model_dir, max_batch_size=config.hf.max_batch_size, seed=config.seed)
+    return HFEngine(
+        model_dir,
+        max_batch_size=config.hf.max_batch_size,
+        device=placement.engine_device,
+        dtype=getattr(torch, placement.engine_dtype),
+        seed=config.seed,
+    )
+
+
+def _engine_asleep(config: TrainConfig, session: _Session, engine: Engine, asleep: bool) -> None:
+    """vLLM's sleep mode: hand its GPU memory to the learner for the update, then take it back."""
+    if config.engine != "vllm" or not config.vllm.enable_sleep_mode:
+        return
+    assert isinstance(engine, VLLMEngine)
+    session.thread.run(engine.sleep(config.vllm.sleep_level) if asleep else engine.wake_up())
 
 
 def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
@@ -379,8 +402,9 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
     eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
     model_dir = _model_dir(config, run_dir)
 
-    # The learner, and where the run stands.
-    learner = learner_from_config(config, model_dir, init_adapter=config.init_adapter)
+    # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
+    placement = preflight(config, model_dir)
+    learner = Learner(model_dir, config, placement=placement)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
@@ -402,7 +426,8 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
 
     # The policy server with the current adapter, and one job for the whole run.
-    session = _Session(config, build_engine(config, model_dir))
+    engine = build_engine(config, model_dir, placement)
+    session = _Session(config, engine)
     failed = True
     try:
         session.start()
@@ -475,6 +500,7 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
             update_started = time.monotonic()
             update_metrics: dict[str, float] = {}
             updated = False
+            _engine_asleep(config, session, engine, True)
             if batch.sequences:
                 for iteration in range(config.num_iterations):
                     seed = derived_seed(config.seed, "update", step, iteration)
@@ -485,6 +511,7 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
                 update_metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
             else:
                 log.info("step %d: no trainable group, no update", step)
+            _engine_asleep(config, session, engine, False)
             update_s = time.monotonic() - update_started
 
             # A new adapter version, served from the next step on.

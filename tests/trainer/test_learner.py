@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.config import TrainConfig
 from trainer.grpo import token_logprobs
-from trainer.learner import REFERENCE_ADAPTER, Learner, LossSettings, OptimizerSettings
+from trainer.learner import REFERENCE_ADAPTER, Learner
 from trainer.sequences import TrainingSequence
 
 
@@ -45,13 +46,13 @@ def _sequences(
     return sequences
 
 
-def _learner(model_dir: Path, **loss: float) -> Learner:
-    return Learner(
-        model_dir,
-        optimizer=OptimizerSettings(learning_rate=1e-2, max_steps=10),
-        loss=LossSettings(**loss),
-        seed=0,
-    )
+def _config(**fields: object) -> TrainConfig:
+    """The settings these tests train with: a large learning rate, GRPO's per-episode mean."""
+    return TrainConfig.model_validate({"learning_rate": 1e-2, "max_steps": 10, "loss_type": "grpo", **fields})
+
+
+def _learner(model_dir: Path, **fields: object) -> Learner:
+    return Learner(model_dir, _config(**fields))
 
 
 def test_a_step_changes_only_the_lora_weights(tiny_model_dir: Path) -> None:
@@ -99,12 +100,7 @@ def test_kl_reference_is_the_warm_start_adapter(tiny_model_dir: Path, tmp_path: 
     trained = _learner(tiny_model_dir)
     trained.train_step(_sequences(trained, [1.0, -1.0]))
     saved = trained.save_adapter(tmp_path / "sft")
-    warm = Learner(
-        tiny_model_dir,
-        init_adapter=saved,
-        optimizer=OptimizerSettings(learning_rate=1e-2, max_steps=10),
-        loss=LossSettings(beta=0.1),
-    )
+    warm = _learner(tiny_model_dir, init_adapter=saved, beta=0.1)
     trainable_names = {name for name, param in warm.model.named_parameters() if param.requires_grad}
     sequences = _sequences(warm, [1.0, -1.0, 0.5, -0.5])
     # The warm start differs from the base model, yet the KL starts at zero: it is measured against it.
@@ -118,7 +114,7 @@ def test_kl_reference_is_the_warm_start_adapter(tiny_model_dir: Path, tmp_path: 
     # Only the trained adapter is saved, at the top of the directory.
     out = warm.save_adapter(tmp_path / "trained")
     assert sorted(path.name for path in out.iterdir() if path.is_dir()) == []
-    fresh = Learner(tiny_model_dir, init_adapter=out)
+    fresh = _learner(tiny_model_dir, init_adapter=out)
     a, b = warm.adapter_state(), fresh.adapter_state()
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
 
@@ -168,7 +164,7 @@ def test_warm_start_from_an_adapter_directory(tiny_model_dir: Path, tmp_path: Pa
     trained.train_step(_sequences(trained, [1.0, -1.0]))
     saved = trained.save_adapter(tmp_path / "sft")
 
-    warm = Learner(tiny_model_dir, init_adapter=saved, optimizer=OptimizerSettings(learning_rate=1e-2))
+    warm = _learner(tiny_model_dir, init_adapter=saved)
     a, b = trained.adapter_state(), warm.adapter_state()
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     assert warm.trainable, "the warm-started adapter must be trainable"
