@@ -104,7 +104,7 @@ class Learner:
             base.config.use_cache = False
             # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
             # does not require grad.
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.reference_adapter: str | None = None
         # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
         # gradients and AdamW state): bf16 updates of small weights round away.

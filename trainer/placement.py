@@ -130,9 +130,11 @@ def place(config: TrainConfig, node: Node) -> Placement:
     engine = config.hf.device if config.hf.device != "auto" else learner
     if engine == "cuda":
         engine = "cuda:0"
+    named = [_index(learner), _index(engine)]
     if config.engine == "vllm":
         engine = "cuda:" + ",".join(map(str, vllm)) if vllm else "cpu"
-    used = {index for index in (_index(learner), _index(engine)) if index is not None} | set(vllm)
+        named = named[:1]
+    used = {index for index in named if index is not None} | set(vllm)
     known = {gpu.index for gpu in node.gpus}
     if node.gpus and not used <= known:
         missing = sorted(used - known)
