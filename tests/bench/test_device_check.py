@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,20 @@ def test_missing_cuda_or_vllm_fails_with_a_sentence() -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("device_check: ")
     assert "sees no CUDA device" in done.stderr or "--vllm-python" in done.stderr
+
+
+def test_the_shell_script_stops_at_once_without_nvidia_smi(tmp_path: Path) -> None:
+    # A PATH with only what the script needs before its first check: no nvidia-smi on it.
+    for tool in ("dirname", "timeout"):
+        (tmp_path / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    done = subprocess.run(
+        ["/bin/bash", str(SCRIPT.with_suffix(".sh"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(tmp_path)},
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "device_check: nvidia-smi is not installed: this check needs an NVIDIA GPU and its driver"
+    )
