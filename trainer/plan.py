@@ -243,6 +243,9 @@ def _changed(config: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
 def _candidates(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
     """Changes worth trying, one lever at a time, then two together."""
     levers: list[dict[str, Any]] = []
+    free = [gpu.index for gpu in plan.node.gpus if gpu.index not in plan.placement.vllm_devices]
+    if plan.placement.shared_gpus and free:
+        levers.append({"learner.device": f"cuda:{free[0]}"})
     if not config.learner.gradient_checkpointing:
         levers.append({"learner.gradient_checkpointing": True})
     if plan.placement.learner_dtype == "float32" and plan.placement.learner_device.startswith("cuda"):
@@ -277,17 +280,17 @@ def _advice(config: TrainConfig, plan: Plan) -> str:
         trial = make_plan(_changed(config, changes), plan.shape, plan.node)
         if trial.fits:
             setting = " and ".join(f"{key}={json.dumps(value)}" for key, value in changes.items())
-            return f"{head}; it fits with {setting} (peak {_peak_of(trial, device.device) / GB:.1f} GB)."
+            largest = max(trial.devices, key=lambda d: d.peak[0])
+            return (
+                f"{head}; it fits with {setting} (then the largest peak is {largest.peak[0] / GB:.1f} GB, "
+                f"on {largest.device})."
+            )
     weights = plan.shape.parameters() * DTYPE_BYTES[plan.placement.learner_dtype]
     return (
         f"{head}, and no setting rftkit can change makes it fit (the learner's weights alone take "
         f"{weights / GB:.1f} GB in {plan.placement.learner_dtype}): use a GPU with more memory, put "
         "vLLM on another GPU (vllm.devices), or choose a smaller model."
     )
-
-
-def _peak_of(plan: Plan, device: str) -> int:
-    return next(d.peak[0] for d in plan.devices if d.device == device)
 
 
 def check(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:

@@ -78,7 +78,7 @@ def test_the_suggested_change_really_fits(tmp_path: Path, capsys: pytest.Capture
     )
     code, _, err = _plan_cli(path, capsys)
     assert code == 1
-    suggestion = re.search(r"it fits with (\S+)=(\S+) \(peak", err)
+    suggestion = re.search(r"it fits with (\S+)=(\S+) \(then the largest peak", err)
     assert suggestion, err
     assert suggestion.group(1) == "learner.gradient_checkpointing"
     code, out, _ = _plan_cli(path, capsys, f"{suggestion.group(1)}={suggestion.group(2)}")
@@ -129,3 +129,11 @@ def test_train_preflight_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
     config = load_config(_run_config(tmp_path, "smollm2-135m", learner={"device": "cuda"}))
     with pytest.raises(PlanError, match="torch sees no CUDA device here: set learner.device: cpu"):
         preflight(config, config.model)
+
+
+def test_a_free_gpu_is_suggested_before_anything_else(tmp_path: Path) -> None:
+    path = _run_config(tmp_path, "qwen2.5-7b", engine="vllm", learner={"device": "cuda"})
+    config = load_config(path, ["vllm.gpu_memory_utilization=0.5", "placement.num_gpus=2"])
+    node = Node([Gpu(0, 80 * 10**9), Gpu(1, 80 * 10**9)], present=True)
+    with pytest.raises(PlanError, match='it fits with learner.device="cuda:1"'):
+        check(config, shape_for(config.model), node)
