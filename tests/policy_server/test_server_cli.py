@@ -58,3 +58,21 @@ def test_serve_refuses_a_directory_without_a_model(
 ) -> None:
     assert main(["--model", str(tmp_path), "--port", "0"]) == 2
     assert "not a model directory" in capsys.readouterr().out
+
+
+def test_serve_puts_the_hf_engine_on_the_device_and_dtype_asked(tiny_model_dir: Path) -> None:
+    import torch
+
+    from policy_server.cli import _engine, _parser
+
+    told = _engine(
+        _parser().parse_args(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "bfloat16"])
+    )
+    assert (told.device, told.dtype) == (torch.device("cpu"), torch.bfloat16)  # type: ignore[attr-defined]
+    auto = _engine(_parser().parse_args(["--model", str(tiny_model_dir)]))
+    expected = (
+        (torch.device("cuda:0"), torch.bfloat16)
+        if torch.cuda.is_available()
+        else (torch.device("cpu"), torch.float32)
+    )
+    assert (auto.device, auto.dtype) == expected  # type: ignore[attr-defined]
