@@ -312,7 +312,7 @@ def render(plan: Plan) -> str:
         f"{placement.engine_device} ({placement.engine_dtype})"
         + (f", sharing GPU {placement.shared_gpus[0]}" if placement.shared_gpus else ""),
     ]
-    if not node.present:
+    if not node.present and any(device.device.startswith("cuda") for device in plan.devices):
         lines.append(
             "no GPU is present on this machine (torch sees no CUDA device): figures are estimates for "
             "the declared or named GPUs" + ("" if node.gpus else "; memory unknown, so nothing is checked")
