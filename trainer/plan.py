@@ -266,10 +266,14 @@ def _candidates(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
 
 
 def _advice(config: TrainConfig, plan: Plan) -> str:
-    """One sentence: why it does not fit and the first checked change that makes it fit."""
+    """Why it does not fit and what to change: a sentence per problem."""
     device = next((device for device in plan.devices if not device.fits), None)
-    if device is None:
-        return " ".join(plan.problems)
+    sentences = [_device_advice(config, plan, device)] if device is not None else []
+    return " ".join(sentences + plan.problems)
+
+
+def _device_advice(config: TrainConfig, plan: Plan, device: DevicePlan) -> str:
+    """Why ``device`` overflows and the first checked change that makes the whole plan fit."""
     peak, phase = device.peak
     assert device.capacity is not None
     head = (
