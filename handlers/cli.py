@@ -12,6 +12,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("policy_server.cli:main", "serve a model through the OpenAI-compatible policy gateway"),
     "tiny-model": ("policy_server.tiny_model:main", "build a tiny Llama and tokenizer offline"),
     "sft": ("trainer.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
+    "plan": ("trainer.plan:main", "estimate a config's memory per device and refuse one that cannot fit"),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),
     "demo": ("trainer.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
 }

@@ -75,6 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--vllm-url", help="attach to a running vLLM server instead of starting one")
     parser.add_argument(
+        "--device",
+        default="auto",
+        help="hf engine's device: auto (cuda:0 when present, else cpu), cpu, cuda:N",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="hf engine's dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -91,9 +102,13 @@ def _engine(args: argparse.Namespace) -> Engine:
         return VLLMEngine(
             args.model, python=args.vllm_python, base_url=args.vllm_url, served_name=args.policy_name
         )
+    import torch
+
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(args.model)
+    device = args.device if args.device != "auto" else "cuda:0" if torch.cuda.is_available() else "cpu"
+    dtype = args.dtype if args.dtype != "auto" else "bfloat16" if device.startswith("cuda") else "float32"
+    return HFEngine(args.model, device=device, dtype=getattr(torch, dtype))
 
 
 def _stop_on_interrupt_or_term() -> None:

@@ -79,10 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft train: {error}", file=sys.stderr)
         return 2
     from trainer.loop import TrainingError, train
+    from trainer.placement import PlacementError
+    from trainer.plan import PlanError
 
     try:
         summary = train(config, resume=args.resume)
-    except TrainingError as error:
+    except (TrainingError, PlanError, PlacementError) as error:
         print(f"rft train: {error}", file=sys.stderr)
         return 1
     if summary.adapter_dir is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import sys
 import tomllib
 import types
@@ -53,6 +54,19 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
 # A filesystem path; relative ones are taken from the config file's directory.
 ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
 
+TorchDtype = Literal["auto", "float32", "bfloat16", "float16"]
+# A torch device: "auto", "cpu", "cuda" or "cuda:N".
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _device_name(value: str) -> str:
+    if not _DEVICE_PATTERN.match(value):
+        raise ValueError(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N")
+    return value
+
+
+DeviceName = Annotated[str, AfterValidator(_device_name)]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
@@ -86,6 +100,60 @@ class HFEngineConfig(_Section):
     max_batch_size: int = Field(
         default=64, gt=0, description="Most chat calls decoded together in one batch."
     )
+    device: DeviceName = Field(
+        default="auto", description="Torch device of the engine; 'auto': the learner's device."
+    )
+    dtype: TorchDtype = Field(
+        default="auto",
+        description="dtype of the engine's copy of the model: 'auto' is bfloat16 on CUDA, float32 "
+        "on CPU (where sampler and learner logprobs then agree to about 1e-6).",
+    )
+
+
+class LearnerConfig(_Section):
+    """Where and how the learner (the trained model) runs."""
+
+    device: DeviceName = Field(
+        default="auto",
+        description="Torch device of the learner: 'auto' (the first CUDA device the placement gives "
+        "it, else CPU), 'cpu', 'cuda' or 'cuda:N'.",
+    )
+    dtype: TorchDtype = Field(
+        default="auto",
+        description="dtype the base model is loaded in (transformers' dtype): 'auto' is bfloat16 on "
+        "CUDA and float32 on CPU. The LoRA parameters and their AdamW state stay float32 whatever "
+        "this says (peft's autocast_adapter_dtype).",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (transformers' name): activation memory falls from every layer's to about one "
+        "layer's, for about a third more compute.",
+    )
+    logits_chunk_size: int = Field(
+        default=1024,
+        gt=0,
+        description="Completion tokens per output-head chunk when computing token logprobs: the "
+        "[tokens, vocabulary] float32 logits exist one chunk at a time (and are recomputed in the "
+        "backward pass), never for the whole micro-batch.",
+    )
+
+
+class PlacementConfig(_Section):
+    """Which GPUs of this node exist for planning; `rft plan` checks the memory of each."""
+
+    num_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs to plan for; unset: the CUDA devices torch sees. Declare it to plan for a "
+        "machine other than this one.",
+    )
+    gpu_memory_gb: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory of each GPU in GB (10^9 bytes); unset: what torch reports. A declared "
+        "value wins, e.g. to keep room for another process.",
+    )
 
 
 class VLLMConfig(_Section):
@@ -108,7 +176,40 @@ class VLLMConfig(_Section):
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Extra command-line arguments for the vLLM server (e.g. [--max-model-len, 4096]).",
+        description="Extra command-line arguments for the vLLM server (e.g. [--max-num-seqs, 128]).",
+    )
+    devices: list[int] | None = Field(
+        default=None,
+        description="GPU indices vLLM gets (its CUDA_VISIBLE_DEVICES), as many as "
+        "tensor_parallel_size; unset: the first ones. A GPU listed here and also given to the "
+        "learner is shared: vLLM takes gpu_memory_utilization of it, the learner the rest.",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, gt=0, description="vLLM's --tensor-parallel-size: GPUs one vLLM server spans."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="vLLM's --gpu-memory-utilization: the share of each of its GPUs vLLM takes "
+        "(weights + KV cache). When the learner shares the GPU, leave it room (e.g. 0.3 to 0.5).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --max-model-len: the longest context (prompt + completion) of one call; "
+        "unset: the model's own.",
+    )
+    enable_sleep_mode: bool = Field(
+        default=False,
+        description="vLLM's --enable-sleep-mode (CUDA only): during each update vLLM sleeps "
+        "(POST /sleep, level sleep_level) so the learner can use the memory of its KV cache, then "
+        "wakes (POST /wake_up) before the new adapter is loaded.",
+    )
+    sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="vLLM's sleep level: 1 offloads the weights to CPU memory and drops the KV "
+        "cache; 2 also drops the weights (vLLM must then reload them itself).",
     )
     max_lora_rank: int = Field(
         default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."
@@ -126,6 +227,19 @@ class VLLMConfig(_Section):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _devices_match_tensor_parallel(self) -> VLLMConfig:
+        if self.devices is not None and len(self.devices) != self.tensor_parallel_size:
+            raise ValueError(
+                f"devices lists {len(self.devices)} GPU(s) but tensor_parallel_size is "
+                f"{self.tensor_parallel_size}: give vLLM exactly tensor_parallel_size GPUs"
+            )
+        if self.devices is not None and (
+            len(set(self.devices)) != len(self.devices) or min(self.devices) < 0
+        ):
+            raise ValueError(f"devices must be distinct GPU indices >= 0, got {self.devices}")
+        return self
 
 
 class PolicyServerConfig(_Section):
@@ -200,6 +314,12 @@ class TrainConfig(_Section):
         default="policy", min_length=1, description="Model name the policy endpoint serves the adapter as."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="The LoRA adapter.")
+    learner: LearnerConfig = Field(
+        default_factory=LearnerConfig, description="The learner's device, dtype and memory savers."
+    )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="The GPUs of this node, for the memory plan."
+    )
 
     # --- data and agents
     train_file: ConfigPath = Field(

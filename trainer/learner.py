@@ -6,10 +6,17 @@ into micro-batches by a token budget; each micro-batch's loss is scaled to its s
 The KL reference is the policy training started from: the base model (the same model with its
 adapter disabled) or, with ``init_adapter``, that warm start loaded as a second, frozen adapter. No
 second model is held in memory.
+
+Every setting comes from the :class:`~trainer.config.TrainConfig` (one source of truth). The base
+model is loaded in ``learner.dtype`` on ``learner.device`` (bfloat16 on CUDA by default); the LoRA
+parameters, their gradients and AdamW's moments stay float32 (peft's ``autocast_adapter_dtype``).
+Token logprobs come from the last hidden states through :mod:`trainer.logprobs`, a chunk of
+completion positions at a time, so the [B, T, V] logits never exist at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
@@ -20,47 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.grpo import LossType, entropy_from_logits, grpo_loss, token_logprobs
-from trainer.sequences import TrainingSequence, micro_batches_by_token_budget, pad_batch
+from trainer.grpo import grpo_loss
+from trainer.logprobs import chunked_token_logprobs, logit_transform
+from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
+    from trainer.placement import Placement
 
 log = logging.getLogger(__name__)
 
 TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads first
 REFERENCE_ADAPTER = "reference"
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    max_steps: int = 100
-    max_grad_norm: float = 1.0
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    loss_type: LossType = "grpo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    tis_cap: float | None = None
-    max_completion_length: int | None = None
 
 
 @dataclass
@@ -75,67 +53,98 @@ class StepResult:
 class Learner:
     """A causal LM with a trainable LoRA adapter, AdamW and a learning-rate schedule.
 
-    ``init_adapter``: a peft adapter directory (e.g. from ``rft sft``) to start from instead of a
-    fresh adapter; its LoRA shape wins over ``lora``. With ``beta > 0`` it is also the KL reference:
-    the penalty keeps the policy near its warm start (where the tool-call format was learned), not
-    near the bare base model.
+    ``config.init_adapter``: a peft adapter directory (e.g. from ``rft sft``) to start from instead
+    of a fresh adapter; its LoRA shape wins over ``config.lora``. With ``beta > 0`` it is also the KL
+    reference: the penalty keeps the policy near its warm start (where the tool-call format was
+    learned), not near the bare base model. ``placement``: where to run (default: placed on the GPUs
+    this machine has, see :mod:`trainer.placement`).
     """
 
     def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        lora: LoraSettings = LoraSettings(),
-        optimizer: OptimizerSettings = OptimizerSettings(),
-        loss: LossSettings = LossSettings(),
-        micro_batch_tokens: int = 8192,
-        init_adapter: str | Path | None = None,
-        seed: int = 0,
+        self, model_dir: str | Path, config: TrainConfig, *, placement: Placement | None = None
     ) -> None:
-        from peft import LoraConfig, PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM, get_scheduler
+        from transformers import get_scheduler
 
-        self.loss_settings = loss
-        self.optimizer_settings = optimizer
-        self.micro_batch_tokens = micro_batch_tokens
+        self.config = config
+        self.micro_batch_tokens = config.max_tokens_per_microbatch
+        self.device, dtype = _device_and_dtype(config, placement)
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.
-        torch.manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self.reference_adapter: str | None = None
-        if init_adapter is not None:
-            self.model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
-            if loss.beta > 0.0:
-                self.model.load_adapter(str(init_adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
-                self.model.set_adapter(TRAINED_ADAPTER)
-                self.reference_adapter = REFERENCE_ADAPTER
-        else:
-            config = LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
+        torch.manual_seed(config.seed)
+        self.model = self._build_model(model_dir, dtype)
         self.model.train()
         pad = self.model.config.pad_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.trainable = [param for _, param in self.model.named_parameters() if param.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable,
-            lr=optimizer.learning_rate,
-            betas=(optimizer.adam_beta1, optimizer.adam_beta2),
-            eps=optimizer.adam_epsilon,
-            weight_decay=optimizer.weight_decay,
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
         )
         self.scheduler = get_scheduler(
-            optimizer.lr_scheduler_type,
+            config.lr_scheduler_type,
             self.optimizer,
-            num_warmup_steps=optimizer.warmup_steps,
-            num_training_steps=optimizer.max_steps,
+            num_warmup_steps=config.warmup_steps,
+            # The schedule counts optimizer steps: num_iterations of them per training step.
+            num_training_steps=config.max_steps * config.num_iterations,
         )
+        self._transform = logit_transform(self.model.config)
         self.steps_done = 0
         self.steps_skipped = 0
+
+    def _build_model(self, model_dir: str | Path, dtype: torch.dtype) -> Any:
+        from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        config = self.config
+        placed = {"device_map": {"": str(self.device)}} if self.device.type == "cuda" else {}
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placed)
+        if config.learner.gradient_checkpointing:
+            base.config.use_cache = False
+            # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
+            # does not require grad.
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        self.reference_adapter: str | None = None
+        # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
+        # gradients and AdamW state): bf16 updates of small weights round away.
+        if config.init_adapter is None:
+            lora = LoraConfig(
+                r=config.lora.r,
+                lora_alpha=config.lora.lora_alpha,
+                lora_dropout=config.lora.lora_dropout,
+                target_modules=config.lora.target_modules,
+                task_type="CAUSAL_LM",
+            )
+            return get_peft_model(base, lora, autocast_adapter_dtype=True)
+        model = PeftModel.from_pretrained(
+            base, str(config.init_adapter), is_trainable=True, autocast_adapter_dtype=True
+        )
+        if config.beta > 0.0:
+            model.load_adapter(
+                str(config.init_adapter),
+                adapter_name=REFERENCE_ADAPTER,
+                is_trainable=False,
+                autocast_adapter_dtype=True,
+            )
+            model.set_adapter(TRAINED_ADAPTER)
+            self.reference_adapter = REFERENCE_ADAPTER
+        return model
+
+    def token_logprobs(self, batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs (with grad) and entropies of ``batch``'s completion tokens, [B, T], 0 elsewhere."""
+        base = self.model.get_base_model()
+        hidden = base.get_decoder()(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        ).last_hidden_state
+        return chunked_token_logprobs(
+            hidden,
+            base.get_output_embeddings(),
+            batch.input_ids,
+            batch.loss_mask,
+            chunk_size=self.config.learner.logits_chunk_size,
+            transform=self._transform,
+        )
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """A copy of the adapter's weights, by parameter name."""
@@ -158,7 +167,7 @@ class Learner:
             return self._train_step(sequences)
 
     def _train_step(self, sequences: Sequence[TrainingSequence]) -> StepResult:
-        settings = self.loss_settings
+        config = self.config
         total_sequences = len(sequences)
         total_tokens = sum(sequence.num_completion_tokens for sequence in sequences)
         # A rollout's calls may be several sequences (possibly in different micro-batches): the loss
@@ -170,32 +179,31 @@ class Learner:
             )
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         loss_sum = 0.0
         weighted: dict[str, float] = {}
         finite = True
         for micro in micro_batches:
-            batch = pad_batch(micro, self.pad_token_id)
-            ref_logprobs = None
-            if settings.beta > 0.0:
-                ref_logprobs = self._reference_logprobs(batch.input_ids, batch.attention_mask)
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            logprobs = token_logprobs(logits, batch.input_ids)
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+            batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
+            ref_logprobs = self._reference_logprobs(batch) if config.beta > 0.0 else None
+            logprobs, entropy = self.token_logprobs(batch)
             loss, metrics = grpo_loss(
                 logprobs,
                 batch.behavior_logprobs,
                 batch.advantages,
                 batch.loss_mask,
-                loss_type=settings.loss_type,
-                epsilon=settings.epsilon,
-                epsilon_high=settings.epsilon_high,
-                max_completion_length=settings.max_completion_length,
+                loss_type=config.loss_type,
+                epsilon=config.epsilon,
+                epsilon_high=config.epsilon_high,
+                max_completion_length=config.max_completion_length,
                 ref_logprobs=ref_logprobs,
-                beta=settings.beta,
-                tis_cap=settings.tis_cap,
+                beta=config.beta,
+                tis_cap=config.truncated_importance_cap,
                 entropy=entropy,
-                episode_tokens=torch.tensor([episode_tokens[sequence.rollout_id] for sequence in micro]),
+                episode_tokens=torch.tensor(
+                    [episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
+                ),
                 total_episodes=len(episode_tokens),
                 total_tokens=total_tokens,
             )
@@ -209,9 +217,7 @@ class Learner:
                 weighted[key] = weighted.get(key, 0.0) + value * tokens
         grad_norm = float("nan")
         if finite:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.trainable, self.optimizer_settings.max_grad_norm)
-            )
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, config.max_grad_norm))
             finite = math.isfinite(grad_norm)
         result = StepResult(metrics={key: value / max(total_tokens, 1) for key, value in weighted.items()})
         result.metrics.update(
@@ -243,24 +249,26 @@ class Learner:
         self.steps_done += 1
         result.metrics["skipped"] = float(result.skipped)
         result.metrics["steps_skipped"] = float(self.steps_skipped)
+        if self.device.type == "cuda":
+            result.metrics["memory_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            # Hand the activations' memory back to the driver: a vLLM sharing this GPU wakes into it.
+            torch.cuda.empty_cache()
         return result
 
     @torch.no_grad()
-    def _reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _reference_logprobs(self, batch: SequenceBatch) -> torch.Tensor:
         if self.reference_adapter is None:
             with self.model.disable_adapter():
-                logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-            return token_logprobs(logits, input_ids)
+                return self.token_logprobs(batch)[0]
         # peft switches which adapter is trainable along with the active one: switch back at once.
         # Eval mode: the reference is a fixed policy, so no LoRA dropout in its pass.
         self.model.set_adapter(self.reference_adapter, inference_mode=True)
         self.model.eval()
         try:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.token_logprobs(batch)[0]
         finally:
             self.model.train()
             self.model.set_adapter(TRAINED_ADAPTER)
-        return token_logprobs(logits, input_ids)
 
     def save_adapter(self, directory: str | Path) -> Path:
         """Write the adapter in peft format (``adapter_config.json`` + safetensors) to ``directory``."""
@@ -294,38 +302,22 @@ class Learner:
         self.steps_skipped = int(training_state["steps_skipped"])
 
 
-def learner_from_config(
-    config: TrainConfig, model_dir: str | Path, *, init_adapter: str | Path | None = None
-) -> Learner:
-    """The learner a :class:`~trainer.config.TrainConfig` describes."""
-    return Learner(
-        model_dir,
-        lora=LoraSettings(
-            r=config.lora.r,
-            alpha=config.lora.lora_alpha,
-            dropout=config.lora.lora_dropout,
-            target_modules=config.lora.target_modules,
-        ),
-        optimizer=OptimizerSettings(
-            learning_rate=config.learning_rate,
-            weight_decay=config.weight_decay,
-            adam_beta1=config.adam_beta1,
-            adam_beta2=config.adam_beta2,
-            adam_epsilon=config.adam_epsilon,
-            lr_scheduler_type=config.lr_scheduler_type,
-            warmup_steps=config.warmup_steps,
-            max_steps=config.max_steps * config.num_iterations,
-            max_grad_norm=config.max_grad_norm,
-        ),
-        loss=LossSettings(
-            loss_type=config.loss_type,
-            epsilon=config.epsilon,
-            epsilon_high=config.epsilon_high,
-            beta=config.beta,
-            tis_cap=config.truncated_importance_cap,
-            max_completion_length=config.max_completion_length,
-        ),
-        micro_batch_tokens=config.max_tokens_per_microbatch,
-        init_adapter=init_adapter,
-        seed=config.seed,
-    )
+def _device_and_dtype(config: TrainConfig, placement: Placement | None) -> tuple[torch.device, torch.dtype]:
+    from trainer.placement import detect_gpus, node_for, place
+
+    if placement is None:
+        placement = place(config, node_for(config, detect_gpus()))
+    device = torch.device(placement.learner_device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"the learner is placed on {device} but torch sees no CUDA device (torch "
+            f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): set learner.device: cpu, "
+            "or install a CUDA build of torch on a machine with a GPU"
+        )
+    return device, getattr(torch, placement.learner_dtype)
+
+
+def _to_device(batch: SequenceBatch, device: torch.device) -> SequenceBatch:
+    if device.type == "cpu":
+        return batch
+    return SequenceBatch(*(getattr(batch, item.name).to(device) for item in dataclasses.fields(batch)))

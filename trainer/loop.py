@@ -33,6 +33,7 @@ import torch
 
 from handlers.protocol import InferenceParams, RftkitExtras
 from policy_server.engines.base import Engine
+from policy_server.engines.vllm import VLLMEngine
 from policy_server.jobs import Rejection
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
@@ -53,8 +54,10 @@ from trainer.fanout import (
     resolve_reward,
 )
 from trainer.grpo import group_advantages
-from trainer.learner import Learner, learner_from_config
+from trainer.learner import Learner
 from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
+from trainer.placement import Placement, cuda_visible_devices
+from trainer.plan import preflight
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
 
 log = logging.getLogger(__name__)
@@ -137,24 +140,45 @@ def next_rows(
     return picked, DataPosition(epoch=epoch, order=order, index=index)
 
 
-def build_engine(config: TrainConfig, model_dir: Path) -> Engine:
+def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
     if config.engine == "vllm":
-        from policy_server.engines.vllm import VLLMEngine
-
+        vllm = config.vllm
         return VLLMEngine(
             model_dir,
-            python=str(config.vllm.python) if config.vllm.python else None,
-            base_url=config.vllm.attach_url,
+            python=str(vllm.python) if vllm.python else None,
+            base_url=vllm.attach_url,
             served_name=config.policy_name,
-            max_lora_rank=config.vllm.max_lora_rank,
-            max_loras=config.vllm.max_loras,
-            dtype=config.vllm.dtype,
-            extra_args=config.vllm.extra_args,
-            startup_timeout_s=config.vllm.startup_timeout_s,
+            max_lora_rank=vllm.max_lora_rank,
+            max_loras=vllm.max_loras,
+            dtype=vllm.dtype,
+            max_model_len=vllm.max_model_len,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            enable_sleep_mode=vllm.enable_sleep_mode,
+            cuda_visible_devices=cuda_visible_devices(placement.vllm_devices)
+            if placement.vllm_devices
+            else None,
+            extra_args=vllm.extra_args,
+            startup_timeout_s=vllm.startup_timeout_s,
         )
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(model_dir, max_batch_size=config.hf.max_batch_size, seed=config.seed)
+    return HFEngine(
+        model_dir,
+        max_batch_size=config.hf.max_batch_size,
+        device=placement.engine_device,
+        dtype=getattr(torch, placement.engine_dtype),
+        seed=config.seed,
+    )
+
+
+def _engine_asleep(run: _Run, asleep: bool) -> None:
+    """vLLM's sleep mode: hand its GPU memory to the learner for the update, then take it back."""
+    config, engine = run.config, run.session.server.engine
+    if config.engine != "vllm" or not config.vllm.enable_sleep_mode:
+        return
+    assert isinstance(engine, VLLMEngine)
+    run.session.thread.run(engine.sleep(config.vllm.sleep_level) if asleep else engine.wake_up())
 
 
 def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
@@ -493,7 +517,9 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
     model_dir = _model_dir(config, run_dir)
 
-    learner = learner_from_config(config, model_dir, init_adapter=config.init_adapter)
+    # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
+    placement = preflight(config, model_dir)
+    learner = Learner(model_dir, config, placement=placement)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
@@ -513,7 +539,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
-    session = _Session(config, build_engine(config, model_dir))
+    session = _Session(config, build_engine(config, model_dir, placement))
     return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
 
@@ -649,12 +675,16 @@ def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
     if not batch.sequences:
         log.info("step %d: no trainable group, no update", step)
         return _StepUpdate(applied, metrics, time.monotonic() - started)
-    for iteration in range(run.config.num_iterations):
-        seed = derived_seed(run.config.seed, "update", step, iteration)
-        result = run.learner.train_step(batch.sequences, seed=seed)
-        applied = applied or not result.skipped
-        if iteration == 0:
-            metrics = dict(result.metrics)
+    _engine_asleep(run, True)
+    try:
+        for iteration in range(run.config.num_iterations):
+            seed = derived_seed(run.config.seed, "update", step, iteration)
+            result = run.learner.train_step(batch.sequences, seed=seed)
+            applied = applied or not result.skipped
+            if iteration == 0:
+                metrics = dict(result.metrics)
+    finally:
+        _engine_asleep(run, False)
     metrics["clip_fraction_last"] = result.metrics.get("clip_fraction", 0.0)
     return _StepUpdate(applied, metrics, time.monotonic() - started)
 

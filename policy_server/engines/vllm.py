@@ -64,6 +64,10 @@ class VLLMEngine:
         reasoning_parser: str | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
+        tensor_parallel_size: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        enable_sleep_mode: bool = False,
+        cuda_visible_devices: str | None = None,
         extra_args: Sequence[str] = (),
         api_key: str | None = None,
         startup_timeout_s: float = 600.0,
@@ -82,6 +86,10 @@ class VLLMEngine:
         self._reasoning_parser = reasoning_parser
         self._dtype = dtype
         self._max_model_len = max_model_len
+        self._tensor_parallel_size = tensor_parallel_size
+        self._gpu_memory_utilization = gpu_memory_utilization
+        self._enable_sleep_mode = enable_sleep_mode
+        self._cuda_visible_devices = cuda_visible_devices
         self._extra_args = list(extra_args)
         self._api_key = api_key
         self._startup_timeout_s = startup_timeout_s
@@ -131,9 +139,24 @@ class VLLMEngine:
             cmd += ["--reasoning-parser", self._reasoning_parser]
         if self._max_model_len:
             cmd += ["--max-model-len", str(self._max_model_len)]
+        if self._tensor_parallel_size:
+            cmd += ["--tensor-parallel-size", str(self._tensor_parallel_size)]
+        if self._gpu_memory_utilization:
+            cmd += ["--gpu-memory-utilization", str(self._gpu_memory_utilization)]
+        if self._enable_sleep_mode:
+            cmd += ["--enable-sleep-mode"]
         if self._api_key:
             cmd += ["--api-key", self._api_key]
         return cmd + self._extra_args
+
+    def command_env(self) -> dict[str, str]:
+        """Environment variables the started server needs beyond this process's own."""
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+        if self._cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self._cuda_visible_devices
+        if self._enable_sleep_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development endpoints
+        return env
 
     def _resolve_python(self) -> str:
         python = self._python or os.environ.get(VLLM_PYTHON_ENV)
@@ -170,10 +193,10 @@ class VLLMEngine:
 
     def _spawn(self, port: int) -> None:
         env = dict(os.environ)
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         # On CPU builds the KV cache size is set in GiB by this variable; 1 GiB fits tiny models and
         # keeps a 2-core test machine from reserving its memory. GPU builds ignore it.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.update(self.command_env())
         log = tempfile.NamedTemporaryFile(prefix="rftkit-vllm-", suffix=".log", delete=False)
         self._log_path = Path(log.name)
         self._process = subprocess.Popen(
@@ -303,6 +326,29 @@ class VLLMEngine:
                 "(is the server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, "
                 "and is the adapter's rank <= --max-lora-rank?)"
             )
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free vLLM's GPU memory (level 1: weights to CPU memory, KV cache dropped) until :meth:`wake_up`."""
+        response = await self._post_query("/sleep", {"level": str(level)})
+        if response.status_code != 200:
+            raise VLLMEngineError(
+                f"vLLM could not sleep: {_error_message(response)} (it needs --enable-sleep-mode, "
+                "VLLM_SERVER_DEV_MODE=1 and a CUDA GPU)"
+            )
+
+    async def wake_up(self) -> None:
+        """Bring the weights back and reallocate the KV cache after :meth:`sleep`."""
+        response = await self._post_query("/wake_up", {})
+        if response.status_code != 200:
+            raise VLLMEngineError(f"vLLM could not wake up: {_error_message(response)}")
+
+    async def _post_query(self, path: str, params: dict[str, str]) -> httpx.Response:
+        if self._client is None:
+            raise VLLMEngineError("the vLLM engine has not been started")
+        try:
+            return await self._client.post(path, params=params)
+        except httpx.TransportError as exc:
+            raise VLLMEngineError(f"vLLM at {self._base_url} is unreachable: {exc}") from exc
 
     async def unload_adapter(self, version: int) -> None:
         name = self.adapter_name(version)

@@ -66,3 +66,21 @@ def test_serve_refuses_an_admin_key_agents_would_hold(
     argv = ["--model", str(tiny_model_dir), "--port", "0", "--api-key", "k", "--admin-key", "k"]
     assert main(argv) == 2
     assert "--admin-key must differ from --api-key" in capsys.readouterr().out
+
+
+def test_serve_puts_the_hf_engine_on_the_device_and_dtype_asked(tiny_model_dir: Path) -> None:
+    import torch
+
+    from policy_server.cli import _engine, _parser
+
+    told = _engine(
+        _parser().parse_args(["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "bfloat16"])
+    )
+    assert (told.device, told.dtype) == (torch.device("cpu"), torch.bfloat16)  # type: ignore[attr-defined]
+    auto = _engine(_parser().parse_args(["--model", str(tiny_model_dir)]))
+    expected = (
+        (torch.device("cuda:0"), torch.bfloat16)
+        if torch.cuda.is_available()
+        else (torch.device("cpu"), torch.float32)
+    )
+    assert (auto.device, auto.dtype) == expected  # type: ignore[attr-defined]

@@ -16,12 +16,13 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.learner import Learner, OptimizerSettings
+from trainer.config import TrainConfig
+from trainer.learner import Learner
 from trainer.sequences import TrainingSequence
 
 
 def _learner(model_dir: Path) -> Learner:
-    return Learner(model_dir, optimizer=OptimizerSettings(learning_rate=1e-2, lr_scheduler_type="linear"))
+    return Learner(model_dir, TrainConfig(learning_rate=1e-2, lr_scheduler_type="linear", loss_type="grpo"))
 
 
 def _batch(seed: int) -> list[TrainingSequence]:

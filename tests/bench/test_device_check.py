@@ -1,0 +1,83 @@
+"""bench/device_check.py on the CPU: the GPU script's measuring path, end to end, on the tiny model.
+
+The maze needs a warm start before groups have reward variance, which takes minutes on this CPU;
+here the letters agent (whose reward varies from the first step) stands in for it, so what is
+checked is the script's own work: the run it configures, the numbers it extracts, the JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.trainer.agent_apps.letters import app
+from tests.trainer.agent_apps.serving import QUESTIONS, serving
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "device_check.py"
+
+
+def _module() -> object:
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_run_writes_the_measurements(tiny_model_dir: Path, tmp_path: Path) -> None:
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS[:4]))
+    out = tmp_path / "device_check.json"
+    device_check = _module()
+    with serving(app) as agent_url:
+        code = device_check.main(  # type: ignore[attr-defined]
+            [
+                *("--device", "cpu", "--model", str(tiny_model_dir), "--agent", agent_url),
+                *("--train-file", str(rows), "--steps", "2", "--rows", "2", "--generations", "4"),
+                *("--run-dir", str(tmp_path / "run"), "--out", str(out)),
+            ]
+        )
+    assert code == 0
+    result = json.loads(out.read_text())
+    times = result["step_time_s"]
+    assert len(times["rollouts"]) == len(times["update"]) == len(times["adapter_load"]) == 2
+    assert all(seconds > 0 for seconds in times["rollouts"] + times["update"] + times["adapter_load"])
+    assert result["updates_applied"] == 2
+    assert result["sampled_tokens_per_s"]["median"] > 0 and all(t > 0 for t in result["sampled_tokens"])
+    # float32 on both sides of the CPU: the sampler's logprobs are the learner's to rounding.
+    assert all(0 <= kl < 1e-5 for kl in result["logprob_mismatch_kl"]["per_update"])
+    assert result["peak_memory_gb"]["learner_and_hf_engine_rss"] > 0.1
+    assert result["plan"]["placement"]["learner"] == "cpu" and result["plan"]["fits"]
+    assert result["learner_memory_peak_gb"] is None  # a CUDA figure: absent on the CPU
+    assert math.isfinite(result["seconds"])
+
+
+def test_missing_cuda_or_vllm_fails_with_a_sentence() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cuda"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("device_check: ")
+    assert "sees no CUDA device" in done.stderr or "--vllm-python" in done.stderr
+
+
+def test_the_shell_script_stops_at_once_without_nvidia_smi(tmp_path: Path) -> None:
+    # A PATH with only what the script needs before its first check: no nvidia-smi on it.
+    for tool in ("dirname", "timeout"):
+        (tmp_path / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    done = subprocess.run(
+        ["/bin/bash", str(SCRIPT.with_suffix(".sh"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(tmp_path)},
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "device_check: nvidia-smi is not installed: this check needs an NVIDIA GPU and its driver"
+    )

@@ -1,0 +1,59 @@
+"""Model sizes from config.json alone: real published sizes, and the tiny model counted by torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.memory import ModelShape
+
+CONFIGS = Path(__file__).parent / "model_configs"
+
+# Published parameter counts (model cards); the config.json files beside this test carry the
+# published sizes (hidden, layers, heads, kv heads, head_dim, intermediate, vocabulary, tying).
+PUBLISHED = {
+    "smollm2-135m": 134.5e6,
+    "qwen2.5-7b": 7.61e9,
+    "llama-3-8b": 8.03e9,
+    "qwen3-8b": 8.2e9,
+    "gpt-oss-20b": 20.9e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_matches_the_published_one(name: str) -> None:
+    shape = ModelShape.from_config(json.loads((CONFIGS / f"{name}.json").read_text()))
+    assert shape.parameters() == pytest.approx(PUBLISHED[name], rel=0.02)
+
+
+def test_llama_3_8b_lora_and_kv_sizes() -> None:
+    shape = ModelShape.from_config(json.loads((CONFIGS / "llama-3-8b.json").read_text()))
+    # peft reports 41,943,040 trainable parameters for r=16 on all seven projections of Llama-3-8B.
+    assert shape.lora_parameters(16, "all-linear") == 41_943_040
+    assert shape.lora_parameters(16, ["q_proj", "v_proj"]) == 32 * 16 * (4096 + 4096 + 4096 + 1024)
+    # 32 layers x 8 kv heads x 128 x (k and v) x 2 bytes: 128 KiB per token in bf16.
+    assert shape.kv_bytes_per_token(2) == 131_072
+    with_checkpointing = shape.activation_bytes(8192, 2, checkpointing=True)
+    assert with_checkpointing < shape.activation_bytes(8192, 2, checkpointing=False) / 5
+
+
+def test_tiny_model_counts_equal_torch_and_peft(tiny_model_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    shape = ModelShape.from_model_dir(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    assert shape.parameters() == sum(param.numel() for param in model.parameters())
+    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainable = sum(param.numel() for param in peft_model.parameters() if param.requires_grad)
+    assert shape.lora_parameters(8, "all-linear") == trainable
+
+
+def test_a_config_without_sizes_is_refused() -> None:
+    from trainer.memory import ModelShapeError
+
+    with pytest.raises(ModelShapeError, match="hidden_size"):
+        ModelShape.from_config({"vocab_size": 10})

@@ -1,0 +1,151 @@
+"""Memory estimates of a decoder-only transformer from its ``config.json`` alone (no weights loaded).
+
+Covers the Llama family's shape (Llama, Mistral, Qwen2/2.5/3, SmolLM, Gemma's dense layers) and
+mixture-of-experts layers (``num_local_experts``/``num_experts``), enough to say before a run
+whether it fits. Parameter counts are exact for those layouts up to norms and biases; activation
+memory is an estimate (what a transformer layer keeps for its backward pass with a fused attention
+kernel, which keeps no [T, T] matrix), meant to be within tens of percent, not bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The LoRA projections a peft "all-linear" adapter wraps in these layouts (the output head excluded).
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Each trained LoRA parameter: its float32 value, gradient and AdamW's two moments.
+LORA_TRAINING_BYTES = 16
+
+
+class ModelShapeError(ValueError):
+    """A config.json that lacks a size the estimate needs."""
+
+
+def _first(config: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    if default is None:
+        raise ModelShapeError(f"config.json has none of {', '.join(names)}: cannot estimate the model's size")
+    return default
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that its memory depends on."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    attention_bias: bool = False
+    experts: int = 0  # 0: a dense MLP
+    experts_per_token: int = 0
+    dtype: str = "bfloat16"  # the checkpoint's own dtype (vLLM's --dtype auto)
+    max_positions: int = 0  # the model's own context length; 0: not said
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """Read the sizes from a transformers config.json (a VLM's ``text_config`` when present)."""
+        text = config.get("text_config") or config
+        hidden = int(_first(text, "hidden_size", "n_embd", "d_model"))
+        heads = int(_first(text, "num_attention_heads", "n_head"))
+        experts = int(_first(text, "num_local_experts", "num_experts", "n_routed_experts", default=0))
+        dense = int(_first(text, "intermediate_size", "n_inner", default=4 * hidden))
+        dtype = str(_first(text, "dtype", "torch_dtype", default="bfloat16"))
+        return cls(
+            hidden=hidden,
+            layers=int(_first(text, "num_hidden_layers", "n_layer")),
+            heads=heads,
+            kv_heads=int(_first(text, "num_key_value_heads", default=heads)),
+            head_dim=int(_first(text, "head_dim", default=hidden // heads)),
+            intermediate=int(_first(text, "moe_intermediate_size", default=dense)) if experts else dense,
+            vocab=int(_first(text, "vocab_size")),
+            tied_embeddings=bool(_first(config, "tie_word_embeddings", default=False)),
+            # Qwen2/2.5 carry q/k/v biases without saying so in the config.
+            attention_bias=bool(text.get("attention_bias") or text.get("model_type") == "qwen2"),
+            experts=experts,
+            experts_per_token=int(_first(text, "num_experts_per_tok", "experts_per_token", default=0)),
+            dtype=dtype if dtype in DTYPE_BYTES else "bfloat16",
+            max_positions=int(_first(text, "max_position_embeddings", "n_positions", default=0)),
+        )
+
+    @classmethod
+    def from_model_dir(cls, directory: str | Path) -> ModelShape:
+        path = Path(directory) / "config.json"
+        if not path.is_file():
+            raise ModelShapeError(f"{directory} has no config.json: the plan needs the model's sizes")
+        return cls.from_config(json.loads(path.read_text(encoding="utf-8")))
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each projection of one layer (one expert's for MoE MLPs)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+
+    def parameters(self) -> int:
+        """Parameter count: embeddings, layers (attention, MLP or experts + router, norms), head."""
+        shapes = self.linear_shapes()
+        attention = sum(i * o for name, (i, o) in shapes.items() if name in ALL_LINEAR[:4])
+        if self.attention_bias:
+            attention += shapes["q_proj"][1] + 2 * shapes["k_proj"][1]
+        mlp = sum(i * o for name, (i, o) in shapes.items() if name in ALL_LINEAR[4:])
+        if self.experts:
+            mlp = self.experts * mlp + self.hidden * self.experts
+        per_layer = attention + mlp + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + embeddings + self.hidden
+
+    def lora_parameters(self, rank: int, targets: Iterable[str] | str) -> int:
+        """Parameters of a LoRA adapter of ``rank`` on ``targets`` (names, or "all-linear").
+
+        peft's "all-linear" wraps nn.Linear modules only: fused expert weights are parameters, not
+        modules, so an MoE's experts get no adapter from it.
+        """
+        wanted = set(ALL_LINEAR if targets == "all-linear" else targets)
+        shapes = self.linear_shapes()
+        if self.experts and targets == "all-linear":
+            wanted -= {"gate_proj", "up_proj", "down_proj"}
+        per_layer = sum(rank * (i + o) for name, (i, o) in shapes.items() if name in wanted)
+        return self.layers * per_layer
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV cache bytes one token takes across all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
+        """Activations kept for the backward pass of one micro-batch of ``tokens`` tokens.
+
+        Per token and layer a layer keeps its input and norms (~4 hidden), q and the attention
+        output (2 x heads x head_dim), k and v, and the MLP's gate, up, activation and product
+        (4 x intermediate, times the experts each token visits). With checkpointing only each
+        layer's input stays, plus one layer's worth while it is recomputed.
+        """
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp = 4 * self.intermediate * max(self.experts_per_token, 1)
+        per_layer = 4 * self.hidden + 2 * q + 2 * kv + mlp
+        # One more layer's worth: the gradients flowing back through the layer being differentiated.
+        kept = self.layers * self.hidden + 2 * per_layer if checkpointing else (self.layers + 1) * per_layer
+        return tokens * kept * dtype_bytes
+
+    def logits_bytes(self, positions: int, dtype_bytes: int) -> int:
+        """The output head's working set for ``positions`` positions: logits in the model's dtype,
+        their float32 copy, the softmax of the entropy and the float32 gradient."""
+        return positions * self.vocab * (dtype_bytes + 3 * 4)
