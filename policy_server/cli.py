@@ -9,6 +9,7 @@ from pathlib import Path
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import Engine
+from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 
@@ -28,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
     )
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, a port of their own that agents "
+        "need not reach (0 picks a free one; default: no metrics port)",
+    )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
     parser.add_argument(
         "--open-job",
@@ -89,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_interrupt_or_term()
     server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = start_metrics_server(server.metrics, args.host, args.metrics_port)
     try:
         if args.adapter is not None:
             version = thread.run(server.load_adapter(args.adapter))
@@ -108,10 +118,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no job is open: calls answer 400 until one is opened (POST {thread.url}/admin/open-job)")
         if args.api_key:
             print("  Authorization: Bearer <your --api-key>")
+        if metrics is not None:
+            print(f"Prometheus metrics: {metrics.url}/metrics")
         print("Ctrl-C stops the server.")
         threading.Event().wait()
     except KeyboardInterrupt:
         print("stopping")
     finally:
+        if metrics is not None:
+            metrics.stop()
         thread.stop()
     return 0

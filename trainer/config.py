@@ -141,6 +141,13 @@ class PolicyServerConfig(_Section):
     api_key: str | None = Field(
         default=None, description="Bearer key agents must send; unset: no authentication."
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of Prometheus' /metrics (the policy server's and the trainer's step series), "
+        "on the same host, apart from the port agents call; 0 picks a free one; unset: no metrics.",
+    )
 
     @field_validator("public_url")
     @classmethod

@@ -31,7 +31,9 @@ from typing import Any
 import torch
 
 from handlers.protocol import InferenceParams, RftkitExtras
+from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
+from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace, TokenCounters
@@ -50,6 +52,7 @@ from trainer.fanout import (
 from trainer.grpo import group_advantages
 from trainer.learner import Learner, learner_from_config
 from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
+from trainer.prometheus import StepExporter
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
 
 log = logging.getLogger(__name__)
@@ -172,9 +175,16 @@ class _Session:
         self.job_arn = f"rftkit-{config.output_dir.name}-{uuid.uuid4().hex[:12]}"
         self.extras = RftkitExtras(model=config.policy_name, api_key=config.policy_server.api_key)
         self.endpoint = ""
+        self.metrics_thread: ServingThread | None = None
 
     def start(self) -> None:
         self.thread.start()
+        if self.config.policy_server.metrics_port is not None:
+            settings = self.config.policy_server
+            self.metrics_thread = start_metrics_server(
+                self.server.metrics, settings.host, settings.metrics_port
+            )
+            log.info("Prometheus metrics at %s/metrics", self.metrics_thread.url)
         self.endpoint = self.config.policy_server.public_url or self.thread.url
         self.server.open_job(
             self.job_arn,
@@ -190,6 +200,8 @@ class _Session:
             self.runner.run(self.fanout.aclose())
             self.runner.close()
         finally:
+            if self.metrics_thread is not None:
+                self.metrics_thread.stop()
             self.thread.stop()
 
     def request(
@@ -298,6 +310,11 @@ def _step_record(
     return {
         "reward_mean": math.fsum(rewards) / len(rewards) if rewards else float("nan"),
         "reward_std": float(torch.tensor(rewards).std()) if len(rewards) > 1 else 0.0,
+        "success_rate": (
+            sum(reward > config.success_threshold for reward in rewards) / len(rewards)
+            if rewards
+            else float("nan")
+        ),
         "rollouts": {
             "total": len(played),
             "ok": sum(rollout.outcome.ok for rollout in played),
@@ -403,6 +420,7 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
 
     # The policy server with the current adapter, and one job for the whole run.
     session = _Session(config, build_engine(config, model_dir))
+    metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
     failed = True
     try:
         session.start()
