@@ -12,6 +12,7 @@ import asyncio
 import socket
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -46,7 +47,7 @@ class ServingThread:
         log_level: str = "warning",
         on_start: Hook | None = None,
         on_stop: Hook | None = None,
-        name: str = "uvicorn",
+        name: str = "server",
     ) -> None:
         self.app = app
         self.host = host
@@ -59,6 +60,7 @@ class ServingThread:
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._hooks_done = threading.Event()
         self._failure: BaseException | None = None
 
     @property
@@ -89,15 +91,24 @@ class ServingThread:
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name=self.name, daemon=True)
         self._thread.start()
-        self._ready.wait(START_TIMEOUT_S)
+        self._wait_ready()
         if self._failure is not None:
             self._thread.join()
-            raise RuntimeError(f"The {self.name} server failed to start: {self._failure}") from self._failure
+            raise RuntimeError(f"The {self.name} failed to start: {self._failure}") from self._failure
         if not self._ready.is_set():
-            raise TimeoutError(
-                f"The {self.name} server did not start listening within {START_TIMEOUT_S:.0f} s."
-            )
+            raise TimeoutError(f"The {self.name} did not start listening within {START_TIMEOUT_S:.0f} s.")
         return self
+
+    def _wait_ready(self) -> None:
+        """Wait for ``on_start`` as long as it takes (an engine bounds its own start: vLLM's startup
+        timeout), then at most START_TIMEOUT_S for uvicorn to listen."""
+        assert self._thread is not None
+        listening_deadline: float | None = None
+        while not self._ready.wait(0.05) and self._thread.is_alive():
+            if self._hooks_done.is_set():
+                listening_deadline = listening_deadline or time.monotonic() + START_TIMEOUT_S
+                if time.monotonic() > listening_deadline:
+                    return
 
     def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.new_event_loop()
@@ -115,6 +126,7 @@ class ServingThread:
         assert self._uvicorn is not None
         if self._on_start is not None:
             await self._on_start()
+        self._hooks_done.set()
         try:
             serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
             while not self._uvicorn.started and not serving.done():
@@ -144,8 +156,7 @@ class ServingThread:
         self._thread.join(STOP_TIMEOUT_S)
         if self._thread.is_alive():
             print(
-                f"The {self.name} server did not stop within {STOP_TIMEOUT_S:.0f} s; "
-                "it ends with this process.",
+                f"The {self.name} did not stop within {STOP_TIMEOUT_S:.0f} s; it ends with this process.",
                 file=sys.stderr,
             )
 

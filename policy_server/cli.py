@@ -95,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _stop_on_interrupt_or_term()
     server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
-    thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+    try:
+        thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+    except RuntimeError as error:  # the engine refused to start (an attached vLLM without LoRA, ...)
+        print(f"rft serve: {error}")
+        return 2
     metrics = None
     if args.metrics_port is not None:
         metrics = start_metrics_server(server.metrics, args.host, args.metrics_port)

@@ -191,4 +191,4 @@ def metrics_app(metrics: ServerMetrics) -> Starlette:
 
 def start_metrics_server(metrics: ServerMetrics, host: str, port: int) -> ServingThread:
     """Serve ``metrics`` on ``host:port`` (0: a free port) from a background thread; stop() ends it."""
-    return ServingThread(metrics_app(metrics), host, port, name="metrics").start()
+    return ServingThread(metrics_app(metrics), host, port, name="metrics server").start()

@@ -55,7 +55,7 @@ class ServerThread(ServingThread):
             log_level=log_level,
             on_start=self.server.start if self.server is not None else None,
             on_stop=self.server.close if self.server is not None else None,
-            name="policy-server",
+            name="policy server",
         )
 
     def start(self) -> ServerThread:
