@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from handlers.protocol import RolloutStatus
 from handlers.serving import ServingThread
 from policy_server.engines.base import EngineOccupancy
 
@@ -78,6 +79,8 @@ class ServerMetrics:
             ["status"],
             registry=self.registry,
         )
+        for status in RolloutStatus:  # both series exist from the start, at zero
+            self.rollouts_reported.labels(status.value)
 
     def watch(self, server: PolicyServer) -> None:
         """Series read from ``server`` at scrape time: rollouts in flight, adapter version, engine load."""
