@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 AGENT_VENV := .venv-agent
 AGENT_STAMP := $(AGENT_VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,10 +39,19 @@ $(AGENT_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
-test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP)
+# Ruff's lint and format checks, and mypy over handlers/, policy_server/ and trainer/ (pyproject.toml).
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy
+
+test: lint $(VLLM_STAMP) $(AGENT_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
 		$(PY) -m pytest -q
+
+# The inner loop: everything but the minute-long end-to-end runs and the real-vLLM tests.
+test-fast: $(STAMP) $(AGENT_STAMP)
+	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python $(PY) -m pytest -q -m "not slow and not vllm"
 
 bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py

@@ -491,6 +491,10 @@ def _suggestion(location: tuple[int | str, ...]) -> str:
 # Reference page
 
 
+# The command line docs/config.md shows; tests/trainer/test_config_docs.py runs it through `rft train`.
+EXAMPLE_COMMAND = "rft train run.yaml --set lora.r=8 --set agents='[http://a:8080, http://b:8080]'"
+
+
 def render_markdown() -> str:
     """The reference page for every field: type, default, description, one table per section."""
     out = [
@@ -500,8 +504,9 @@ def render_markdown() -> str:
         "",
         "`rft train CONFIG` reads a YAML (`.yaml`, `.yml`) or TOML (`.toml`) file into "
         "`trainer.config.TrainConfig`. Unknown fields are errors. Relative paths are resolved against "
-        "the config file's directory. Override any field on the command line with dotted keys, values "
-        "parsed as YAML: `rft train run.yaml lora.r=8 agents='[http://a:8080, http://b:8080]'`.",
+        "the config file's directory. Override any field on the command line with `--set`, dotted keys "
+        "for sections, values parsed as YAML: "
+        f"`{EXAMPLE_COMMAND}`.",
         "",
         "Names follow TRL's `GRPOConfig` where the concept exists there.",
         "",
