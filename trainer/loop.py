@@ -179,8 +179,8 @@ class _Session:
 
     def start(self) -> None:
         self.thread.start()
-        if self.config.policy_server.metrics_port is not None:
-            settings = self.config.policy_server
+        settings = self.config.policy_server
+        if settings.metrics_port is not None:
             self.metrics_thread = start_metrics_server(
                 self.server.metrics, settings.host, settings.metrics_port
             )
@@ -516,7 +516,7 @@ def _train(config: TrainConfig, resume: bool) -> RunSummary:
             state.step = step
 
             last = step == config.max_steps
-            periodic = bool(config.eval_steps) and step % config.eval_steps == 0
+            periodic = config.eval_steps is not None and step % config.eval_steps == 0
             evaluation = None
             if eval_rows and (periodic or (last and config.eval_on_end)):
                 evaluation = run_eval(step)

@@ -82,6 +82,8 @@ class _GrowingLayer(DynamicLayer):
     rows) the next update copies them into fresh buffers.
     """
 
+    keys: torch.Tensor  # set by DynamicLayer (annotations only: no class attribute is created)
+    values: torch.Tensor
     _key_buffer: torch.Tensor | None = None
     _value_buffer: torch.Tensor | None = None
     _keys_view: torch.Tensor | None = None
