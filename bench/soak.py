@@ -3,12 +3,12 @@
 The policy server is the real one (hf engine, the tiny model built offline, uvicorn on loopback). The
 trainer's side runs as in `rft train`, in the same process through the Python API: it opens each
 rollout and takes its trace. The agents are stubs (in-process httpx clients, ``--concurrency`` at a
-time): each rollout makes two chat calls (the second extends the first answer, as a multi-turn agent
-does), posts its reward and completes. RSS (``/proc/self/status``) is sampled every ``--sample-every``
-rollouts; after the warm-up (the first ``--warmup`` rollouts: allocator pools, caches, first batches)
-the spread (max - min) / min of the samples must be within 10%.
+time): each rollout makes ``--calls`` chat calls (each extends the previous answer, as a multi-turn
+agent does), posts its reward and completes. RSS (``/proc/self/status``) is sampled every
+``--sample-every`` rollouts; after the warm-up (the first ``--warmup`` rollouts: allocator pools,
+caches, first batches) the spread (max - min) / min of the samples must be within 10%.
 
-    .venv/bin/python bench/soak.py [--rollouts 10000] [--concurrency 32] [--max-tokens 4]
+    .venv/bin/python bench/soak.py [--rollouts 10000] [--concurrency 32] [--calls 2] [--max-tokens 4]
 
 Writes bench/results/soak.json and prints the verdict; exits 1 when memory is not flat.
 """
