@@ -28,6 +28,11 @@ START_TIMEOUT_S = 120.0
 # waiting (the thread is a daemon and ends with the process), so Ctrl-C always stops a server.
 STOP_TIMEOUT_S = 30.0
 
+# Longer than clients keep idle connections (httpx, so the OpenAI client and Strands: 5 s). With
+# uvicorn's default of 5 s both ends close at once, and a call sent on a connection the server is
+# closing fails with a read error (seen in bench/soak.py on a loaded machine: 1 call in 320).
+KEEP_ALIVE_S = 65
+
 Hook = Callable[[], Awaitable[None]]
 
 
@@ -86,7 +91,11 @@ class ServingThread:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5
+            self.app,
+            log_level=self.log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name=self.name, daemon=True)
