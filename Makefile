@@ -11,7 +11,7 @@ AGENT_STAMP := $(AGENT_VENV)/.installed
 SAGEMAKER_VENV := .venv-sagemaker
 SAGEMAKER_STAMP := $(SAGEMAKER_VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,19 @@ $(SAGEMAKER_STAMP):
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
-test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP)
+# Ruff's lint and format checks, and mypy over handlers/, policy_server/ and trainer/ (pyproject.toml).
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m mypy
+
+test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
 		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q
+
+# The inner loop: everything but the minute-long end-to-end runs and the real-vLLM tests.
+test-fast: $(STAMP) $(AGENT_STAMP)
+	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python $(PY) -m pytest -q -m "not slow and not vllm"
 
 bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ["hf_engine", "gateway_overhead", "merge_ratio"]
+BENCHMARKS = ["hf_engine", "gateway_overhead", "merge_ratio", "soak"]
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("trainer.plan:main", "estimate a config's memory per device and refuse one that cannot fit"),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),
     "demo": ("trainer.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
+    "status": ("trainer.status:main", "a table of a run in progress or finished, from its directory"),
 }
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name in ("torch", "transformers", "peft", "tokenizers"):
+        if exc.name in ("torch", "transformers", "peft", "tokenizers", "prometheus_client"):
             print(
                 f"rft {name} needs the training extras ({exc.name} is not installed): "
                 "pip install 'rftkit[train]'",

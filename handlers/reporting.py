@@ -46,7 +46,7 @@ def _reports(
         reports.append(
             (
                 UPDATE_REWARD_PATH,
-                UpdateRewardRequest(JobArn=job_arn, TrajectoryId=rollout_id, Rewards=rewards),
+                UpdateRewardRequest(JobArn=job_arn, TrajectoryId=rollout_id, Rewards=list(rewards)),
             )
         )
     reports.append(

@@ -46,7 +46,8 @@ from handlers.protocol import (
     RolloutMetadata,
     RolloutPayload,
 )
-from handlers.smoke_endpoint import Recording, recording_app, serve_in_thread
+from handlers.serving import serve_in_thread
+from handlers.smoke_endpoint import Recording, recording_app
 
 DEFAULT_PAYLOAD_PATH = Path("payloads") / "smoke.json"
 DEFAULT_TIMEOUT_S = 60.0

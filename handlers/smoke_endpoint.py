@@ -7,14 +7,9 @@ are recorded so the check can tell what the agent did.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -62,22 +57,3 @@ def recording_app(recording: Recording) -> Starlette:
             Route(COMPLETE_ROLLOUT_PATH, feedback(recording.complete_rollouts), methods=["POST"]),
         ]
     )
-
-
-@contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a free port in a background thread; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{host}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30.0
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start serving on {host} within 30 s")
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import Engine
+from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
@@ -53,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="AKID",
         help="with --accept-sagemaker-tokens: an access key id tokens may name; repeatable (default: any)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, a port of their own that agents "
+        "need not reach (0 picks a free one; default: no metrics port)",
     )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
     parser.add_argument(
@@ -148,7 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         adapters_dir=args.adapters_dir,
         sagemaker_tokens=tokens,
     )
-    thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+    try:
+        thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+    except RuntimeError as error:  # the engine refused to start (an attached vLLM without LoRA, ...)
+        print(f"rft serve: {error}")
+        return 2
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = start_metrics_server(server.metrics, args.host, args.metrics_port)
     try:
         if args.adapter is not None:
             version = thread.run(server.load_adapter(args.adapter))
@@ -173,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             print("  Authorization: Bearer <your --api-key>")
         if tokens is not None:
             print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
+        if metrics is not None:
+            print(f"Prometheus metrics: {metrics.url}/metrics")
         print("Ctrl-C stops the server.")
         threading.Event().wait()
     except KeyboardInterrupt:
         print("stopping")
     finally:
+        if metrics is not None:
+            metrics.stop()
         thread.stop()
     return 0

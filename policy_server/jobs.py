@@ -192,6 +192,11 @@ class JobRegistry:
         with self._lock:
             return len(self._job(job_arn).rollouts)
 
+    def open_rollouts(self) -> int:
+        """How many rollouts hold a trace not yet taken, over all open jobs."""
+        with self._lock:
+            return sum(len(job.rollouts) for job in self._jobs.values())
+
     def _job(self, job_arn: str) -> _Job:
         job = self._jobs.get(job_arn)
         if job is None:

@@ -1,70 +1,19 @@
 """``ServerThread``: uvicorn and the policy server's event loop in a background thread.
 
 The trainer keeps its own thread for learning and reaches the server's loop through :meth:`run`
-(for coroutines such as ``load_adapter``); the engine starts and closes on that loop.
+(for coroutines such as ``load_adapter``); the engine starts and closes on that loop. The thread
+itself is :class:`handlers.serving.ServingThread`, the one way rftkit runs uvicorn in a thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
 import sys
-import threading
-from collections.abc import Coroutine
-from concurrent.futures import Future
-from typing import Any, TypeVar
 
-import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from handlers.serving import HEADER_TIMEOUT_S, ServingThread
 from policy_server.server import PolicyServer
-
-ResultT = TypeVar("ResultT")
-
-START_TIMEOUT_S = 120.0
-# Uvicorn's graceful shutdown (5 s) plus closing the engine; past this, stop() gives up waiting (the
-# thread is a daemon and ends with the process), so Ctrl-C always stops `rft serve`.
-STOP_TIMEOUT_S = 30.0
-# A connection gets this long to send a request's headers (its body has its own limit in the gateway).
-# Without it a stalled socket is held forever, and enough of them exhaust the process's file handles.
-HEADER_TIMEOUT_S = 10.0
-# Connections served at once; past it uvicorn answers 503 rather than taking more file handles.
-MAX_CONNECTIONS = 2048
-
-
-def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol, closing a connection that sends no complete request headers in time."""
-    base: Any = AutoHTTPProtocol
-
-    class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
-        _header_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()  # the next request on this connection gets the same deadline
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-            self._header_timer = self.loop.call_later(timeout_s, self._close_if_no_request)
-
-        def _close_if_no_request(self) -> None:
-            waiting = self.cycle is None or self.cycle.response_complete
-            if waiting and not self.transport.is_closing():
-                self.transport.close()
-
-    return HeaderTimeoutProtocol
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
@@ -84,8 +33,11 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     )
 
 
-class ServerThread:
-    """Serve a :class:`PolicyServer` (or any ASGI app) on ``host:port`` from a background thread."""
+class ServerThread(ServingThread):
+    """Serve a :class:`PolicyServer` (or any ASGI app) on ``host:port`` from a background thread.
+
+    The server's engine starts and closes on the thread's event loop, the loop that serves calls.
+    """
 
     def __init__(
         self,
@@ -97,112 +49,25 @@ class ServerThread:
         header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         self.server = server_or_app if isinstance(server_or_app, PolicyServer) else None
-        self.app: ASGIApp = server_or_app.app if isinstance(server_or_app, PolicyServer) else server_or_app
-        self.host = host
-        self.port = port
-        self.log_level = log_level
-        self.header_timeout_s = header_timeout_s
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._uvicorn: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server (no trailing slash, no /v1)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        app: ASGIApp = server_or_app.app if isinstance(server_or_app, PolicyServer) else server_or_app
+        super().__init__(
+            app,
+            host,
+            port,
+            log_level=log_level,
+            on_start=self.server.start if self.server is not None else None,
+            on_stop=self.server.close if self.server is not None else None,
+            name="policy server",
+            header_timeout_s=header_timeout_s,
+        )
 
     def start(self) -> ServerThread:
         """Start the engine and uvicorn; return once the socket is listening."""
-        if self._thread is not None:
-            raise RuntimeError("This ServerThread was already started; make a new one.")
         warning = exposure_warning(self.host, getattr(self.server or self.app, "api_key", None))
         if warning is not None:
             print(warning, file=sys.stderr)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted connections inherit this. Without it, Nagle's algorithm meets the client's delayed
-        # ACK and every call stalls ~40 ms (measured: 44 ms -> 0.7 ms per call through the gateway).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError:
-            sock.close()
-            raise
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            log_level=self.log_level,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-            http=protocol_with_header_timeout(self.header_timeout_s),
-            limit_concurrency=MAX_CONNECTIONS,
-        )
-        self._uvicorn = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name="policy-server", daemon=True)
-        self._thread.start()
-        self._ready.wait(START_TIMEOUT_S)
-        if self._failure is not None:
-            self._thread.join()
-            raise RuntimeError(f"The policy server failed to start: {self._failure}") from self._failure
-        if not self._ready.is_set():
-            raise TimeoutError(f"The policy server did not start listening within {START_TIMEOUT_S:.0f} s.")
+        super().start()
         return self
-
-    def _serve(self, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main(sock))
-        except BaseException as error:  # reported to start(), which re-raises it in the caller's thread
-            self._failure = error
-            self._ready.set()
-        finally:
-            sock.close()
-            loop.close()
-
-    async def _main(self, sock: socket.socket) -> None:
-        assert self._uvicorn is not None
-        if self.server is not None:
-            await self.server.start()
-        try:
-            serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
-            while not self._uvicorn.started and not serving.done():
-                await asyncio.sleep(0.01)
-            if not self._uvicorn.started:
-                await serving  # re-raises uvicorn's own error, if it has one
-                raise RuntimeError("uvicorn stopped before it was listening")
-            self._ready.set()
-            await serving
-        finally:
-            if self.server is not None:
-                await self.server.close()
-
-    def run(self, coro: Coroutine[Any, Any, ResultT], timeout: float | None = None) -> ResultT:
-        """Run a coroutine on the server's event loop and return its result."""
-        if self._loop is None or not self._ready.is_set():
-            coro.close()
-            raise RuntimeError("The server is not running: call start() first.")
-        future: Future[ResultT] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout)
-
-    def stop(self) -> None:
-        """Stop serving, close the engine and join the thread."""
-        if self._uvicorn is None or self._thread is None:
-            return
-        self._uvicorn.should_exit = True
-        self._thread.join(STOP_TIMEOUT_S)
-        if self._thread.is_alive():
-            print(
-                f"The policy server did not stop within {STOP_TIMEOUT_S:.0f} s; it ends with this process.",
-                file=sys.stderr,
-            )
 
     def __enter__(self) -> ServerThread:
         return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()

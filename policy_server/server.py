@@ -20,6 +20,7 @@ from handlers.protocol import RolloutStatus
 from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
 from policy_server.engines.base import Engine, GenerationResult
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
+from policy_server.metrics import RequestMetricsMiddleware, ServerMetrics
 from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters, clipped_for_record
 
@@ -102,13 +103,19 @@ class PolicyServer:
         self.registry = JobRegistry()
         self._versions = _AdapterVersions()
         self._adapter_lock: asyncio.Lock | None = None
+        self.metrics = ServerMetrics()
+        self.metrics.watch(self)
 
     @cached_property
     def app(self) -> Starlette:
         """The Starlette ASGI app serving this server's routes."""
         from policy_server.gateway import build_app
 
-        return build_app(self)
+        app = build_app(self)
+        routes = [getattr(route, "path", "") for route in app.routes]
+        # Outermost, so refusals of the other middleware (a wrong API key) are counted too.
+        app.add_middleware(RequestMetricsMiddleware, metrics=self.metrics, routes=routes)
+        return app
 
     @property
     def model_names(self) -> tuple[str, str]:
@@ -149,6 +156,7 @@ class PolicyServer:
 
     def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
         self.registry.complete_rollout(job_arn, rollout_id, status)
+        self.metrics.rollouts_reported.labels(str(status)).inc()
 
     def update_reward(self, job_arn: str, rollout_id: str, rewards: list[float]) -> None:
         self.registry.update_reward(job_arn, rollout_id, rewards)
@@ -237,6 +245,7 @@ class PolicyServer:
             generation.seed = call_seed(generation.seed, ticket.call_number)
         version = self._versions.acquire()
         generation.adapter_version = version
+        self.metrics.calls_in_flight.inc()
         try:
             result = await self.engine.generate(generation)
         except ValueError as error:
@@ -247,9 +256,11 @@ class PolicyServer:
             logger.exception("engine failed on a call of rollout %s", rollout_id)
             raise EngineError(f"The engine failed on this call: {type(error).__name__}: {error}") from error
         finally:
+            self.metrics.calls_in_flight.dec()
             self._versions.release(version)
             if version != self._versions.current:
                 await self._unload_retired()
+        self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
         self.registry.record_call(
             ticket,
             CallRecord(

@@ -166,8 +166,9 @@ class VLLMConfig(_Section):
     )
     attach_url: str | None = Field(
         default=None,
-        description="Base URL of an already running vLLM server (started with --enable-lora) to use "
-        "instead of starting one.",
+        description="Base URL of an already running vLLM server to use instead of starting one. It "
+        "must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (checked at start); the "
+        "name it serves is read from its /v1/models.",
     )
     dtype: str = Field(
         default="auto",
@@ -266,6 +267,13 @@ class PolicyServerConfig(_Section):
     sagemaker_access_key_ids: list[str] = Field(
         default_factory=list,
         description="With accept_sagemaker_tokens: the AWS access key ids a token may name; empty: any.",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of Prometheus' /metrics (the policy server's and the trainer's step series), "
+        "on the same host, apart from the port agents call; 0 picks a free one; unset: no metrics.",
     )
 
     @field_validator("public_url")
@@ -623,6 +631,10 @@ def _suggestion(location: tuple[int | str, ...]) -> str:
 # Reference page
 
 
+# The command line docs/config.md shows; tests/trainer/test_config_docs.py runs it through `rft train`.
+EXAMPLE_COMMAND = "rft train run.yaml --set lora.r=8 --set agents='[http://a:8080, http://b:8080]'"
+
+
 def render_markdown() -> str:
     """The reference page for every field: type, default, description, one table per section."""
     out = [
@@ -632,8 +644,9 @@ def render_markdown() -> str:
         "",
         "`rft train CONFIG` reads a YAML (`.yaml`, `.yml`) or TOML (`.toml`) file into "
         "`trainer.config.TrainConfig`. Unknown fields are errors. Relative paths are resolved against "
-        "the config file's directory. Override any field on the command line with dotted keys, values "
-        "parsed as YAML: `rft train run.yaml lora.r=8 agents='[http://a:8080, http://b:8080]'`.",
+        "the config file's directory. Override any field on the command line with `--set`, dotted keys "
+        "for sections, values parsed as YAML: "
+        f"`{EXAMPLE_COMMAND}`.",
         "",
         "Names follow TRL's `GRPOConfig` where the concept exists there.",
         "",

@@ -165,6 +165,7 @@ def grpo_loss(
         tokens = mask.sum(-1) if episode_tokens is None else episode_tokens.to(mask.dtype)
         loss = (masked.sum(-1) / tokens.clamp(min=1.0)).sum() / num_episodes
     elif loss_type == "dr_grpo":
+        assert max_completion_length is not None  # refused above when missing
         loss = masked.sum() / (num_episodes * max_completion_length)
     else:
         loss = masked.sum() / (total_tokens or mask.sum().clamp(min=1.0))

@@ -32,9 +32,11 @@ from typing import Any
 import torch
 
 from handlers.protocol import InferenceParams, RftkitExtras
+from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.jobs import Rejection
+from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
@@ -58,6 +60,7 @@ from trainer.learner import Learner
 from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
 from trainer.placement import Placement, cuda_visible_devices
 from trainer.plan import preflight
+from trainer.prometheus import StepExporter
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
 
 log = logging.getLogger(__name__)
@@ -224,9 +227,16 @@ class _Session:
             timeout_s=config.rollout_timeout_s,
         )
         self.endpoint = ""
+        self.metrics_thread: ServingThread | None = None
 
     def start(self) -> None:
         self.thread.start()
+        settings = self.config.policy_server
+        if settings.metrics_port is not None:
+            self.metrics_thread = start_metrics_server(
+                self.server.metrics, settings.host, settings.metrics_port
+            )
+            log.info("Prometheus metrics at %s/metrics", self.metrics_thread.url)
         self.endpoint = self.config.policy_server.public_url or self.thread.url
         self.server.open_job(
             self.job_arn,
@@ -245,6 +255,8 @@ class _Session:
             self.runner.run(self.fanout.aclose())
             self.runner.close()
         finally:
+            if self.metrics_thread is not None:
+                self.metrics_thread.stop()
             self.thread.stop()
 
     def request(
@@ -372,6 +384,11 @@ def _step_record(
     return {
         "reward_mean": math.fsum(rewards) / len(rewards) if rewards else float("nan"),
         "reward_std": float(torch.tensor(rewards).std()) if len(rewards) > 1 else 0.0,
+        "success_rate": (
+            sum(reward > config.success_threshold for reward in rewards) / len(rewards)
+            if rewards
+            else float("nan")
+        ),
         "rollouts": {
             "total": len(played),
             "ok": sum(rollout.outcome.ok for rollout in played),
@@ -540,6 +557,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
     session = _Session(config, build_engine(config, model_dir, placement))
+    metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
     return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
 
@@ -606,7 +624,7 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     adapter_load_s = _publish(run, step, update.applied)
     state.step = step
     last = step == config.max_steps
-    periodic = bool(config.eval_steps) and step % config.eval_steps == 0
+    periodic = config.eval_steps is not None and step % config.eval_steps == 0
     evaluation = None
     if run.eval_rows and (periodic or (last and config.eval_on_end)):
         evaluation = _evaluate(run, step)

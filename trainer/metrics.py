@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / _JSONL
+        # Called with (step, record) after each step is written: the Prometheus exporter, for one.
+        self.sinks: list[Callable[[int, dict[str, Any]], None]] = []
         if resume_step is not None:
             self._truncate_after(resume_step)
         uri = tracking_uri
@@ -114,6 +117,8 @@ class MetricsLogger:
         ]
         for start in range(0, len(metrics), 1000):
             self._client.log_batch(self.mlflow_run_id, metrics=metrics[start : start + 1000])
+        for sink in self.sinks:
+            sink(step, record)
 
     def close(self, *, failed: bool = False) -> None:
         self._client.set_terminated(self.mlflow_run_id, status="FAILED" if failed else "FINISHED")

@@ -19,6 +19,7 @@ from typing import Any
 
 from strands.models.openai import OpenAIModel
 from strands.types.content import Message, Messages
+from strands.types.tools import ToolResult, ToolUse
 
 from agents.maze.dataset import row_maze, train_rows
 from agents.maze.env import Direction, Maze, MazeGame
@@ -28,12 +29,12 @@ from agents.maze.solver import shortest_path
 
 
 def _call(index: int, direction: str) -> Message:
-    tool_use = {"toolUseId": f"call_{index}", "name": "move", "input": {"direction": direction}}
+    tool_use: ToolUse = {"toolUseId": f"call_{index}", "name": "move", "input": {"direction": direction}}
     return {"role": "assistant", "content": [{"toolUse": tool_use}]}
 
 
 def _observation(index: int, text: str) -> Message:
-    result = {"toolUseId": f"call_{index}", "status": "success", "content": [{"text": text}]}
+    result: ToolResult = {"toolUseId": f"call_{index}", "status": "success", "content": [{"text": text}]}
     return {"role": "user", "content": [{"toolResult": result}]}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 Cell = tuple[int, int]  # (row, column), row 0 at the top
 
@@ -70,14 +71,14 @@ class Maze:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Maze:
+    def from_dict(cls, data: dict[str, Any]) -> Maze:
         try:
             maze = cls(
-                size=int(data["size"]),  # type: ignore[arg-type]
-                walls=frozenset((int(r), int(c)) for r, c in data["walls"]),  # type: ignore[union-attr]
-                start=(int(data["start"][0]), int(data["start"][1])),  # type: ignore[index]
-                goal=(int(data["goal"][0]), int(data["goal"][1])),  # type: ignore[index]
-                move_limit=int(data["move_limit"]),  # type: ignore[arg-type]
+                size=int(data["size"]),
+                walls=frozenset((int(r), int(c)) for r, c in data["walls"]),
+                start=(int(data["start"][0]), int(data["start"][1])),
+                goal=(int(data["goal"][0]), int(data["goal"][1])),
+                move_limit=int(data["move_limit"]),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(

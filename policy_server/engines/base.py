@@ -39,6 +39,21 @@ class GenerationResult:
     reasoning_content: str | None = None
 
 
+@dataclass(frozen=True)
+class EngineOccupancy:
+    """How full an engine's batch is now (engines that can tell expose ``occupancy()``).
+
+    ``forward_passes`` and ``batch_rows`` (rows summed over passes) are running totals, so their rates'
+    ratio is the mean batch occupancy over any window; None where the engine does not count them.
+    """
+
+    running: int
+    waiting: int
+    capacity: int | None = None
+    forward_passes: int | None = None
+    batch_rows: int | None = None
+
+
 class Engine(Protocol):
     """An inference engine behind the gateway.
 

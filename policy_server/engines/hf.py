@@ -43,7 +43,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
-from policy_server.engines.base import GenerationRequest, GenerationResult
+from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
@@ -56,6 +56,7 @@ class EngineStats:
     prefill_passes: int = 0
     decode_passes: int = 0
     peak_batch_rows: int = 0
+    batch_rows: int = 0  # rows summed over forward passes: batch_rows / forward_passes is the mean batch
     requests: int = 0
     completion_tokens: int = 0
 
@@ -82,6 +83,8 @@ class _GrowingLayer(DynamicLayer):
     rows) the next update copies them into fresh buffers.
     """
 
+    keys: torch.Tensor  # set by DynamicLayer (annotations only: no class attribute is created)
+    values: torch.Tensor
     _key_buffer: torch.Tensor | None = None
     _value_buffer: torch.Tensor | None = None
     _keys_view: torch.Tensor | None = None
@@ -242,6 +245,19 @@ class HFEngine:
             self._pending.append(row)
             self._condition.notify_all()
         return await asyncio.wrap_future(row.future)
+
+    def occupancy(self) -> EngineOccupancy:
+        """Rows decoding now, rows waiting, the batch limit and the running pass and row totals."""
+        batch = self._batch  # read without the worker's lock: a count at most one pass old
+        with self._condition:
+            waiting = len(self._pending)
+        return EngineOccupancy(
+            running=len(batch.rows) if batch is not None else 0,
+            waiting=waiting,
+            capacity=self.max_batch_size,
+            forward_passes=self.stats.forward_passes,
+            batch_rows=self.stats.batch_rows,
+        )
 
     async def load_adapter(self, version: int, path: str) -> None:
         """Add the peft adapter at ``path`` as version ``version`` (adapter name ``v{version}``)."""
@@ -443,6 +459,7 @@ class HFEngine:
             logits = self._model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.stats.forward_passes += 1
         self.stats.peak_batch_rows = max(self.stats.peak_batch_rows, int(logits.shape[0]))
+        self.stats.batch_rows += int(logits.shape[0])
         return logits
 
     def _start_rows(self, rows: list[_Row]) -> None:

@@ -29,10 +29,12 @@ from typing import Any
 
 import httpx
 
-from policy_server.engines.base import GenerationRequest, GenerationResult
+from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
 from policy_server.trace import LogprobsMode
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
+# vLLM's metrics declare this family only when the server runs with --enable-lora.
+LORA_METRIC = "vllm:lora_requests_info"
 
 
 class VLLMEngineError(RuntimeError):
@@ -190,6 +192,32 @@ class VLLMEngine:
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
         )
         await self._wait_healthy()
+        if self._attached:
+            await self._check_attached()
+
+    async def _check_attached(self) -> None:
+        """Adopt the attached server's model name and refuse a server that cannot serve adapters."""
+        assert self._client is not None
+        models = await self._client.get("/v1/models", timeout=10.0)
+        if models.status_code != 200:
+            raise VLLMEngineError(
+                f"vLLM at {self._base_url} answered GET /v1/models with {models.status_code}: "
+                f"{_error_message(models)}"
+            )
+        self.model_name = served_base_model(models.json(), self.model_name, self._base_url or "")
+        metrics = await self._client.get("/metrics", timeout=10.0)
+        if metrics.status_code == 200 and LORA_METRIC not in metrics.text:
+            raise VLLMEngineError(
+                f"vLLM at {self._base_url} was started without LoRA, so it cannot serve the adapters "
+                f"rftkit trains: restart it with `--enable-lora --max-lora-rank {self._max_lora_rank}` and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
+            )
+        probe = await self._client.post("/v1/unload_lora_adapter", json={"lora_name": "rftkit-probe"})
+        if probe.status_code in (404, 405) and _is_missing_route(probe):
+            raise VLLMEngineError(
+                f"vLLM at {self._base_url} does not load adapters at run time (no /v1/load_lora_adapter): "
+                "restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
+            )
 
     def _spawn(self, port: int) -> None:
         env = dict(os.environ)
@@ -242,6 +270,24 @@ class VLLMEngine:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 await asyncio.to_thread(process.wait)
+
+    def occupancy(self) -> EngineOccupancy | None:
+        """Requests running and waiting, from vLLM's own /metrics (read when rftkit's are scraped)."""
+        if self._base_url is None:
+            return None
+        from prometheus_client.parser import text_string_to_metric_families
+
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        response = httpx.get(f"{self._base_url}/metrics", headers=headers, timeout=5.0)
+        response.raise_for_status()
+        totals = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+        for family in text_string_to_metric_families(response.text):
+            if family.name in totals:
+                totals[family.name] += sum(sample.value for sample in family.samples)
+        return EngineOccupancy(
+            running=int(totals["vllm:num_requests_running"]),
+            waiting=int(totals["vllm:num_requests_waiting"]),
+        )
 
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         if self._client is None:
@@ -355,6 +401,31 @@ class VLLMEngine:
         response = await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         if response.status_code != 200:
             raise VLLMEngineError(f"vLLM could not unload adapter {name}: {_error_message(response)}")
+
+
+def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:
+    """The base model name to call on an attached server: ``wanted`` if served, else its only one.
+
+    A server started without ``--served-model-name`` serves its model under the model's path, so
+    calls for any other name answer 404; LoRA adapters (entries with a ``parent``) do not count.
+    """
+    names = [entry["id"] for entry in models.get("data", []) if not entry.get("parent")]
+    if wanted in names:
+        return wanted
+    if len(names) == 1:
+        return str(names[0])
+    raise VLLMEngineError(
+        f"vLLM at {url} serves {names or 'no model'}, none of them named {wanted!r}: restart it with "
+        f"`--served-model-name {wanted}`, or set policy_name to the name it serves."
+    )
+
+
+def _is_missing_route(response: httpx.Response) -> bool:
+    """FastAPI's own answer for a route the server does not have."""
+    try:
+        return bool(response.json() == {"detail": "Not Found"})
+    except ValueError:
+        return False
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -1,136 +1,44 @@
-"""Full rollouts of the real Wordle app through the real Strands loop against a scripted model server.
-
-The model server is a small Starlette app on 127.0.0.1 that answers OpenAI chat completions the way
-Strands asks for them (streamed as SSE), replaying a scripted list of turns per rollout (chosen by the
-rollout's trajectory-id header), and records the feedback posts the agent makes.
+"""Full rollouts of the real Wordle app through the real Strands loop against the suite's scripted model
+server (``tests/scripted_model.py``) on 127.0.0.1: scripted turns per rollout (chosen by the rollout's
+trajectory-id header), requests and feedback posts recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from agents.wordle.main import app as wordle_app
 from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from handlers.serving import serve_in_thread
+from tests.scripted_model import ScriptedModel, Turn, text, tool, tools
 
 JOB_ARN = "arn:aws:sagemaker:us-west-2:123456789012:training-job/wordle-test"
 
-# A turn is either a list of guesses (one tool call each, in one assistant message) or plain text.
-Turn = list[str] | str
 
-
-@dataclass
-class ScriptedModel:
-    """OpenAI-compatible chat completions that replay scripted turns, plus the feedback endpoints."""
-
-    scripts: dict[str, list[Turn]] = field(default_factory=dict)
-    refuse_status: int | None = None
-    requests: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
-    reports: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-    def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                Route("/complete-rollout", self.report, methods=["POST"]),
-                Route("/update-reward", self.report, methods=["POST"]),
-            ]
-        )
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        self.requests.append((dict(request.headers), body))
-        if self.refuse_status == 400:
-            return JSONResponse({"error": {"message": "Could not find job", "code": 400}}, 400)
-        if self.refuse_status is not None:
-            return JSONResponse(
-                {"error": {"message": "refused", "code": self.refuse_status}}, self.refuse_status
-            )
-        script = self.scripts[request.headers[TRAJECTORY_ID_HEADER]]
-        turn = script.pop(0) if script else "I give up."
-        return StreamingResponse(self._stream(turn), media_type="text/event-stream")
-
-    async def report(self, request: Request) -> Response:
-        self.reports.append((request.url.path, await request.json()))
-        return JSONResponse({})
-
-    @staticmethod
-    def _stream(turn: Turn) -> Iterator[str]:
-        def event(**fields: Any) -> str:
-            base = {
-                "id": "chatcmpl-scripted",
-                "object": "chat.completion.chunk",
-                "created": 0,
-                "model": "default",
-            }
-            return f"data: {json.dumps({**base, **fields})}\n\n"
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            return event(choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
-
-        yield chunk({"role": "assistant", "content": ""})
-        if isinstance(turn, str):
-            yield chunk({"content": turn})
-            yield chunk({}, "stop")
-        else:
-            for index, guess in enumerate(turn):
-                call = {
-                    "index": index,
-                    "id": f"call_{index}",
-                    "type": "function",
-                    "function": {"name": "guess_word", "arguments": json.dumps({"guess": guess})},
-                }
-                yield chunk({"tool_calls": [call]})
-            yield chunk({}, "tool_calls")
-        yield event(choices=[], usage={"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
-        yield "data: [DONE]\n\n"
-
-
-class LoopbackServer:
-    """uvicorn serving an ASGI app on 127.0.0.1 and a free port, in a background thread."""
-
-    def __init__(self, app: Any) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the loopback server did not start")
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+def turns(*script: list[str] | str) -> list[Turn]:
+    """A list of guesses is one assistant message with a guess_word call each; a string is plain text."""
+    return [
+        text(turn) if isinstance(turn, str) else tools(*(tool("guess_word", guess=g) for g in turn))
+        for turn in script
+    ]
 
 
 @pytest.fixture
 def model() -> Iterator[tuple[ScriptedModel, str]]:
-    scripted = ScriptedModel()
-    with LoopbackServer(scripted.app()) as url:
+    scripted = ScriptedModel(default_turn=text("I give up."))
+    with serve_in_thread(scripted.app()) as url:
         yield scripted, url
 
 
 @pytest.fixture(scope="module")
 def agent_url() -> Iterator[str]:
-    with LoopbackServer(wordle_app) as url:
+    with serve_in_thread(wordle_app) as url:
         yield url
 
 
@@ -146,36 +54,32 @@ def invoke(agent_url: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{agent_url}/invocations", json=body, timeout=60)
 
 
-def reports_for(scripted: ScriptedModel, rollout_id: str) -> dict[str, dict[str, Any]]:
-    return {path: body for path, body in scripted.reports if body["TrajectoryId"] == rollout_id}
-
-
 def test_a_won_game_over_real_sockets(model: tuple[ScriptedModel, str], agent_url: str) -> None:
     scripted, endpoint = model
     # Turn 1: an invalid word (refused, no guess spent) then a real guess, in one batch; turn 2 wins.
-    scripted.scripts["win-1"] = [["zzzzz", "pilot"], ["crane"], "never requested"]
+    scripted.scripts["win-1"] = turns(["zzzzz", "pilot"], ["crane"], "never requested")
     response = invoke(agent_url, payload("win-1", endpoint, {"secret": "crane"}))
     assert response.status_code == 200, response.text
     result = response.json()
     expected = 1.05 + 0.09 * (6 - 2) + 0.05 / 2
     assert result["reward"] == pytest.approx(expected)
     assert result["metrics"] == {"solved": 1.0, "guesses": 2.0, "invalid_attempts": 1.0, "tool_calls": 3.0}
-    reports = reports_for(scripted, "win-1")
+    reports = scripted.feedback("win-1")
     assert reports["/update-reward"]["Rewards"] == [pytest.approx(expected)]
     assert reports["/update-reward"]["JobArn"] == JOB_ARN
     assert reports["/complete-rollout"]["Status"] == "ready"
 
     # The winning guess ends the episode: no third model call; the scripted turn stays unused.
-    assert len(scripted.requests) == 2
-    assert scripted.scripts["win-1"] == ["never requested"]
-    for headers, body in scripted.requests:
+    assert len(scripted.calls) == 2
+    assert scripted.scripts["win-1"] == turns("never requested")
+    for headers, body in ((call.headers, call.body) for call in scripted.calls):
         assert headers[JOB_ARN_HEADER.lower()] == JOB_ARN
         assert headers[TRAJECTORY_ID_HEADER.lower()] == "win-1"
         assert body["stream"] is True and body["temperature"] == 0.7 and body["max_tokens"] == 256
         assert [tool["function"]["name"] for tool in body["tools"]] == ["guess_word"]
         assert "crane" not in json.dumps(body["messages"]).lower()
     # The second call carries the feedback of both tool calls, in the order they were made.
-    tool_results = [m for m in scripted.requests[1][1]["messages"] if m["role"] == "tool"]
+    tool_results = [m for m in scripted.calls[1].body["messages"] if m["role"] == "tool"]
     texts = [json.dumps(m["content"]) for m in tool_results]
     assert "Invalid guess" in texts[0] and "you have 6 left" in texts[0]
     assert "Guess 1 of 6: PILOT" in texts[1] and "Guesses left: 5." in texts[1]
@@ -185,7 +89,7 @@ def test_concurrent_rollouts_keep_their_own_games(model: tuple[ScriptedModel, st
     scripted, endpoint = model
     misses = ["pilot", "ghost", "dumpy", "whisk", "fjord"]
     for n in range(1, 7):
-        scripted.scripts[f"conc-{n}"] = [[word] for word in misses[: n - 1]] + [["crane"]]
+        scripted.scripts[f"conc-{n}"] = turns(*([word] for word in misses[: n - 1]), ["crane"])
 
     async def run_all() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=agent_url, timeout=60) as client:
@@ -198,13 +102,13 @@ def test_concurrent_rollouts_keep_their_own_games(model: tuple[ScriptedModel, st
         expected = 1.05 + 0.09 * (6 - n) + 0.05
         assert response.json()["reward"] == pytest.approx(expected)
         assert response.json()["metrics"]["guesses"] == n
-        assert reports_for(scripted, f"conc-{n}")["/update-reward"]["Rewards"] == [pytest.approx(expected)]
-    assert len(scripted.requests) == sum(range(1, 7))
+        assert scripted.feedback(f"conc-{n}")["/update-reward"]["Rewards"] == [pytest.approx(expected)]
+    assert len(scripted.calls) == sum(range(1, 7))
 
 
 def test_a_lost_game_in_process(model: tuple[ScriptedModel, str]) -> None:
     scripted, endpoint = model
-    scripted.scripts["loss-1"] = [["pilot"], ["cream", "brave"], ["crate"], ["grace"], ["trace"], "more"]
+    scripted.scripts["loss-1"] = turns(["pilot"], ["cream", "brave"], ["crate"], ["grace"], ["trace"], "more")
     transport = httpx.ASGITransport(app=wordle_app)
 
     async def run() -> httpx.Response:
@@ -220,11 +124,11 @@ def test_a_lost_game_in_process(model: tuple[ScriptedModel, str]) -> None:
     expected = -0.5 + 0.2 * 4 / 5 + 0.05
     assert result["reward"] == pytest.approx(expected)
     assert result["metrics"]["solved"] == 0.0 and result["metrics"]["guesses"] == 6.0
-    reports = reports_for(scripted, "loss-1")
+    reports = scripted.feedback("loss-1")
     assert reports["/update-reward"]["Rewards"] == [pytest.approx(expected)]
     assert reports["/complete-rollout"]["Status"] == "ready"
-    assert len(scripted.requests) == 5
-    assert scripted.scripts["loss-1"] == ["more"]
+    assert len(scripted.calls) == 5
+    assert scripted.scripts["loss-1"] == turns("more")
 
 
 def test_no_play_when_the_model_endpoint_answers_400_could_not_find_job(
@@ -235,10 +139,10 @@ def test_no_play_when_the_model_endpoint_answers_400_could_not_find_job(
     response = invoke(agent_url, payload("smoke-1", endpoint, {"secret": "crane"}))
     assert response.status_code == 200, response.text
     assert response.json()["reward"] == -1.5
-    reports = reports_for(scripted, "smoke-1")
+    reports = scripted.feedback("smoke-1")
     assert reports["/update-reward"]["Rewards"] == [-1.5]
     assert reports["/complete-rollout"]["Status"] == "ready"
-    assert len(scripted.requests) == 1
+    assert len(scripted.calls) == 1
 
 
 def test_an_infrastructure_error_fails_the_rollout_instead_of_scoring_it(
@@ -249,7 +153,7 @@ def test_an_infrastructure_error_fails_the_rollout_instead_of_scoring_it(
     response = invoke(agent_url, payload("denied-1", endpoint, {"secret": "crane"}))
     assert response.status_code == 500
     assert "PermissionDeniedError" in response.json()["error"]
-    reports = reports_for(scripted, "denied-1")
+    reports = scripted.feedback("denied-1")
     assert reports["/complete-rollout"]["Status"] == "failed"
     assert "/update-reward" not in reports
 
@@ -258,24 +162,24 @@ def test_a_model_that_stops_talking_loses_with_what_it_found(
     model: tuple[ScriptedModel, str], agent_url: str
 ) -> None:
     scripted, endpoint = model
-    scripted.scripts["quit-1"] = [["pilot"], "I cannot think of another word."]
+    scripted.scripts["quit-1"] = turns(["pilot"], "I cannot think of another word.")
     response = invoke(agent_url, payload("quit-1", endpoint, {"secret": "crane"}))
     assert response.status_code == 200, response.text
     assert response.json()["reward"] == pytest.approx(-0.5 + 0.05)
-    assert len(scripted.requests) == 2
+    assert len(scripted.calls) == 2
 
 
 def test_a_looping_model_is_stopped_by_the_tool_call_cap(
     model: tuple[ScriptedModel, str], agent_url: str
 ) -> None:
     scripted, endpoint = model
-    scripted.scripts["loop-1"] = [["zzzzz", "qqqqq"]] * 15
+    scripted.scripts["loop-1"] = turns(["zzzzz", "qqqqq"]) * 15
     response = invoke(agent_url, payload("loop-1", endpoint, {"secret": "crane"}))
     assert response.status_code == 200, response.text
     result = response.json()
     assert result["metrics"]["tool_calls"] == 20.0 and result["metrics"]["guesses"] == 0.0
     assert result["reward"] == pytest.approx(-1.5 - 0.05 * (1 - 1 / 21))
-    assert len(scripted.requests) == 10
+    assert len(scripted.calls) == 10
 
 
 def test_an_unknown_secret_is_refused_with_a_clear_error(
@@ -285,8 +189,8 @@ def test_an_unknown_secret_is_refused_with_a_clear_error(
     response = invoke(agent_url, payload("bad-1", endpoint, {"secret": "qzxjv"}))
     assert response.status_code == 400
     assert "'qzxjv' is not a 5-letter word in the Wordle word list" in response.json()["error"]
-    assert reports_for(scripted, "bad-1")["/complete-rollout"]["Status"] == "failed"
-    assert scripted.requests == []
+    assert scripted.feedback("bad-1")["/complete-rollout"]["Status"] == "failed"
+    assert scripted.calls == []
     response = invoke(agent_url, payload("bad-2", endpoint, {"word": "crane"}))
     assert response.status_code == 400
     assert 'like {"secret": "crane"}' in response.json()["error"]

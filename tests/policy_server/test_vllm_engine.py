@@ -7,6 +7,7 @@ recorded ids, to 1e-3 on CPU float32.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 import uuid
@@ -18,9 +19,11 @@ import openai
 import pytest
 import torch
 from peft import PeftModel
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
@@ -248,3 +251,33 @@ def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, Se
     spent = _vllm_metric(engine, "vllm:generation_tokens_total") - before
     assert spent < dropped * max_tokens / 4, spent
     server.close_job(job)
+
+
+def test_attaching_adopts_the_served_name_and_the_batch_shows_in_metrics(
+    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path
+) -> None:
+    server, _ = vllm_server
+    assert isinstance(server.engine, VLLMEngine)
+    # A server someone else started serves another name than the one asked for: rftkit reads it from
+    # /v1/models instead of answering every call 404 "The model ... does not exist".
+    attached = VLLMEngine(tiny_model_dir, base_url=server.engine.base_url, served_name="not-what-it-serves")
+
+    async def one_call() -> GenerationResult:
+        await attached.start()
+        try:
+            return await attached.generate(
+                GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=3)
+            )
+        finally:
+            await attached.close()
+
+    result = asyncio.run(one_call())
+    assert attached.model_name == server.engine.model_name == "policy"
+    assert len(result.completion_token_ids) == len(result.completion_logprobs) > 0
+    # vLLM's own running/waiting counts reach rftkit's /metrics.
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(server.metrics.exposition().decode())
+        for sample in family.samples
+    }
+    assert samples["rftkit_engine_running"] == 0 and samples["rftkit_engine_waiting"] == 0

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from handlers.decorator import rft_app
 from handlers.protocol import InferenceParams, RftkitExtras
-from policy_server.running import ServerThread
+from handlers.serving import ServingThread
 from trainer.config import TrainConfig
 from trainer.fanout import (
     FailureCause,
@@ -121,7 +121,7 @@ class MisbehavingAgent:
 @pytest.fixture(scope="module")
 def misbehaving_agent() -> Iterator[tuple[MisbehavingAgent, str]]:
     agent = MisbehavingAgent()
-    server = ServerThread(agent.app).start()
+    server = ServingThread(agent.app).start()
     try:
         yield agent, server.url
     finally:
@@ -341,7 +341,7 @@ class GatedGame:
 def two_agents() -> Iterator[tuple[list[GatedGame], list[str]]]:
     gate = threading.Event()
     games = [GatedGame(gate, delay_s=0.3), GatedGame(gate)]
-    servers = [ServerThread(rft_app(game)).start() for game in games]
+    servers = [ServingThread(rft_app(game)).start() for game in games]
     try:
         yield games, [server.url for server in servers]
     finally:

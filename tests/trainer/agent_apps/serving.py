@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import yaml
 from starlette.types import ASGIApp
 
-from policy_server.running import ServerThread
+from handlers.serving import serve_in_thread
 
 QUESTIONS = ["name a fruit", "count to five", "describe the sky", "spell a word", "greet me", "pick a colour"]
 
 
-@contextmanager
-def serving(app: ASGIApp) -> Iterator[str]:
+def serving(app: ASGIApp) -> AbstractContextManager[str]:
     """Serve ``app`` from a background thread; yield its base URL; always stop it."""
-    thread = ServerThread(app, host="127.0.0.1", port=0)
-    thread.start()
-    try:
-        yield thread.url
-    finally:
-        thread.stop()
+    return serve_in_thread(app)
 
 
 def write_run_files(directory: Path, model_dir: Path, agent_url: str, **fields: Any) -> Path:
