@@ -142,7 +142,12 @@ def build_engine(config: TrainConfig, model_dir: Path) -> Engine:
         )
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(model_dir, max_batch_size=config.hf.max_batch_size, seed=config.seed)
+    return HFEngine(
+        model_dir,
+        max_batch_size=config.hf.max_batch_size,
+        seed=config.seed,
+        batch_invariant=config.hf.batch_invariant,
+    )
 
 
 def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
