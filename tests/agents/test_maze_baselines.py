@@ -47,4 +47,3 @@ def test_walkers_are_ordered_on_the_evaluation_mazes() -> None:
     assert 0.0 < result["greedy"] <= 1.0
     noiseless = sum(success_probability(maze, noisy_walker(0.0)) for maze in mazes) / len(mazes)
     assert noiseless == 1.0
-
