@@ -19,7 +19,9 @@ Logprobs are raw: log-softmax of the unprocessed logits at the sampled token (``
 "raw"), which is what the trainer recomputes. Completion ids end with the stop token when one was
 sampled. Tool calls are parsed (hermes ``<tool_call>``) when the request has tools and
 ``tool_choice`` is not "none"; other ``tool_choice`` values are not enforced (no guided decoding).
-Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter.
+Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter. With
+``batch_invariant`` (the default) a row's logits do not depend on which rows share its batch
+(``batch_invariant.py``), so a seeded request samples the same tokens however requests are timed.
 """
 
 from __future__ import annotations
