@@ -2,8 +2,10 @@
 
 For 1, 8 and 32 concurrent requests (tool-carrying chat prompts of different lengths, sampled at
 temperature 1), measures completion tokens per second through ``HFEngine.generate`` (all requests at
-once) and through plain ``model.generate`` called once per request, one after another. Median of
-``--repeats`` runs. Results go to ``bench/results/hf_engine.json``; a table is printed.
+once), batch-invariant (the default) and not (``batch_invariant=False``), and through plain
+``model.generate`` called once per request, one after another. Median of ``--repeats`` runs, the
+three sides alternating within each repeat. Results go to ``bench/results/hf_engine.json``; a
+table is printed.
 
     .venv/bin/python bench/hf_engine.py [--model DIR] [--max-tokens 64] [--repeats 3] [--threads N]
 
@@ -92,33 +94,42 @@ async def measure(model_dir: Path, levels: list[int], max_tokens: int, repeats: 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     engine = HFEngine(model_dir, max_batch_size=max(levels))
+    fast = HFEngine(model_dir, max_batch_size=max(levels), batch_invariant=False)
     await engine.start()
+    await fast.start()
     rows = []
     try:
         await engine_run(engine, make_requests(2, max_tokens))  # warm-up
+        await engine_run(fast, make_requests(2, max_tokens))
         sequential_run(model, tokenizer, make_requests(2, max_tokens))
         for level in levels:
             requests = make_requests(level, max_tokens)
-            engine_rates, sequential_rates = [], []
+            engine_rates, fast_rates, sequential_rates = [], [], []
             for _ in range(repeats):
                 tokens, seconds = await engine_run(engine, requests)
                 engine_rates.append(tokens / seconds)
+                tokens, seconds = await engine_run(fast, requests)
+                fast_rates.append(tokens / seconds)
                 tokens, seconds = sequential_run(model, tokenizer, requests)
                 sequential_rates.append(tokens / seconds)
-            engine_rate, sequential_rate = (
+            engine_rate, fast_rate, sequential_rate = (
                 statistics.median(engine_rates),
+                statistics.median(fast_rates),
                 statistics.median(sequential_rates),
             )
             rows.append(
                 {
                     "concurrency": level,
                     "engine_tokens_per_s": round(engine_rate, 1),
+                    "not_invariant_tokens_per_s": round(fast_rate, 1),
                     "sequential_tokens_per_s": round(sequential_rate, 1),
                     "speedup": round(engine_rate / sequential_rate, 2),
+                    "invariance_cost": round(engine_rate / fast_rate, 2),
                 }
             )
     finally:
         await engine.close()
+        await fast.close()
     return rows
 
 
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model or build_tiny_model(Path(scratch) / "tiny", seed=0)
         rows = asyncio.run(measure(model_dir, args.levels, args.max_tokens, args.repeats))
     report = {
-        "benchmark": "hf engine throughput vs sequential model.generate",
+        "benchmark": "hf engine throughput (batch-invariant and not) vs sequential model.generate",
         "model": str(args.model) if args.model else "tiny (build_tiny_model defaults)",
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
@@ -153,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'concurrent':>10} {'engine tok/s':>13} {'sequential tok/s':>17} {'speedup':>8}")
+    print(
+        f"{'concurrent':>10} {'engine tok/s':>13} {'not invariant':>14} {'sequential tok/s':>17} "
+        f"{'speedup':>8} {'invariant/not':>14}"
+    )
     for row in rows:
         print(
             f"{row['concurrency']:>10} {row['engine_tokens_per_s']:>13.1f} "
-            f"{row['sequential_tokens_per_s']:>17.1f} {row['speedup']:>7.2f}x"
+            f"{row['not_invariant_tokens_per_s']:>14.1f} {row['sequential_tokens_per_s']:>17.1f} "
+            f"{row['speedup']:>7.2f}x {row['invariance_cost']:>13.2f}x"
         )
     print(f"written to {args.out}")
     return 0

@@ -26,7 +26,9 @@ from handlers.protocol import (
 
 logger = logging.getLogger(__name__)
 
-REPORT_TIMEOUT_S = 5.0
+# A lost report turns a played rollout into a failure, so the numbers would depend on load: on 2 cores
+# at a load average of 20, connecting to the trainer took longer than 5 s (ConnectTimeout).
+REPORT_TIMEOUT_S = 30.0
 
 
 def _headers(job_arn: str, rollout_id: str, api_key: str | None) -> dict[str, str]:

@@ -254,11 +254,30 @@ def result_table(before: dict[str, Any], after: dict[str, Any]) -> str:
     return "\n".join(f"{name:<14}{left:>10}{right:>10}" for name, left, right in rows)
 
 
+def reachable_table(before: dict[str, Any], after: dict[str, Any], walkers: dict[str, float]) -> str:
+    """The policy next to what is possible on the same mazes, and the share of the gap GRPO closed."""
+    labels = {
+        "random": "random walker",
+        "greedy": "greedy walker (a Closer move when there is one)",
+        "noisy": "noisy walker the warm start imitates",
+        "observation": "best observation-only policy found (a lower bound)",
+        "oracle": "shortest-path oracle",
+    }
+    lines = [f"{label:<52}{walkers[name]:>7.1%}" for name, label in labels.items()]
+    lines.insert(3, f"{'policy before GRPO':<52}{before['success_rate']:>7.1%}")
+    lines.insert(4, f"{'policy after GRPO':<52}{after['success_rate']:>7.1%}")
+    gap = walkers["observation"] - before["success_rate"]
+    closed = (after["success_rate"] - before["success_rate"]) / gap if gap > 0 else float("nan")
+    lines.append(f"GRPO closed {closed:.0%} of the gap to the best observation-only policy")
+    return "\n".join(lines)
+
+
 def run_demo(
     run_dir: Path, *, quick: bool = False, engine: str = "hf", model: Path | None = None, seed: int = 0
 ) -> dict[str, Any]:
     """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``."""
-    from agents.maze.dataset import write_dataset
+    from agents.maze.baselines import baselines
+    from agents.maze.dataset import eval_rows, row_maze, write_dataset
     from agents.maze.demonstrations import maze_demonstrations
     from trainer.loop import train
     from trainer.sft import run_sft
@@ -334,6 +353,10 @@ def run_demo(
     before, after = summary.evaluations[0], summary.evaluations[-1]
     table = result_table(before, after)
     print(table)
+    eval_mazes = [row_maze(row) for row in eval_rows()[: plan.eval_rows]]
+    walkers = baselines(eval_mazes, noise=plan.sft_noise)
+    print(f"\non the same {len(eval_mazes)} mazes (walkers scored exactly, agents/maze/baselines.py):")
+    print(reachable_table(before, after, walkers))
     plot_progress(summary.history, summary.evaluations, run_dir / "progress.png")
     adapter = None
     if summary.adapter_dir is not None:
@@ -344,6 +367,7 @@ def run_demo(
         "before": before,
         "after": after,
         "improvement_points": 100 * (after["success_rate"] - before["success_rate"]),
+        "baselines": walkers,
         "sft_losses": sft.losses,
         "seconds": time.monotonic() - started,
         "plan": plan.__dict__,
@@ -372,7 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of model, data order and sampling (default 0)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's, the number of cores); the numbers depend on "
+        "it, so fix it to repeat a run on another machine",
+    )
     args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.engine == "vllm" and args.model is None:
         parser.error("--engine vllm needs --model DIR (a model vLLM can serve with LoRA)")
     # peft calls a transformers property that transformers deprecates: nothing a demo user can act on.

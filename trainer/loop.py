@@ -172,6 +172,7 @@ def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
         device=placement.engine_device,
         dtype=getattr(torch, placement.engine_dtype),
         seed=config.seed,
+        batch_invariant=config.hf.batch_invariant,
     )
 
 

@@ -19,7 +19,9 @@ Logprobs are raw: log-softmax of the unprocessed logits at the sampled token (``
 "raw"), which is what the trainer recomputes. Completion ids end with the stop token when one was
 sampled. Tool calls are parsed (hermes ``<tool_call>``) when the request has tools and
 ``tool_choice`` is not "none"; other ``tool_choice`` values are not enforced (no guided decoding).
-Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter.
+Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter. With
+``batch_invariant`` (the default) a row's logits do not depend on which rows share its batch
+(``batch_invariant.py``), so a seeded request samples the same tokens however requests are timed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
+from policy_server.engines import batch_invariant
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -172,6 +175,7 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        batch_invariant: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -180,6 +184,9 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.device = torch.device(device)
         self.dtype = dtype
+        # A row's logits are the same to the last bit whichever rows share its batch (see
+        # batch_invariant.py), so seeded requests sample the same tokens however agents are timed.
+        self.batch_invariant = batch_invariant
         self.stats = EngineStats()
         self._seeds = itertools.count(seed << 32)
         self._tokenizer: Any = None
@@ -187,6 +194,7 @@ class HFEngine:
         self._adapters: set[int] = set()
         self._stop_ids: set[int] = set()
         self._max_positions = 0
+        self._min_rows = 0
         self._cache_argument = "past_key_values"
         self._condition = threading.Condition()
         self._pending: deque[_Row] = deque()
@@ -280,6 +288,8 @@ class HFEngine:
             except Exception:
                 self._discard_failed_adapter(name)
                 raise
+            if self.batch_invariant:
+                batch_invariant.pad_rows(self._model, self._min_rows)  # the new adapter's layers
             self._adapters.add(version)
             return True
 
@@ -359,7 +369,10 @@ class HFEngine:
 
     def _load(self) -> None:
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+        options: dict[str, Any] = {"dtype": self.dtype}
+        if self.batch_invariant:
+            options["attn_implementation"] = batch_invariant.register()
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, **options)
         self._model = model.to(self.device).eval()
         self._stop_ids = {
             token_id
@@ -370,6 +383,9 @@ class HFEngine:
         eos = model.generation_config.eos_token_id
         self._stop_ids.update([eos] if isinstance(eos, int) else (eos or []))
         self._max_positions = int(model.config.max_position_embeddings)
+        self._min_rows = batch_invariant.min_gemm_rows()
+        if self.batch_invariant:
+            batch_invariant.pad_rows(self._model, self._min_rows)
         # transformers renamed `past_key_values` to `cache` during 5.x; accept either.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -453,14 +469,25 @@ class HFEngine:
         self._model.set_adapter(f"v{version}")
         yield
 
-    def _forward(self, version: int, cache: Cache, **inputs: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, version: int, cache: Cache, lengths: tuple[list[int], list[int]], **inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits at each row's last position; ``lengths``: each row's real query and key counts."""
         inputs[self._cache_argument] = cache
-        with self._adapter(version):
+        with self._adapter(version), self._invariance(lengths):
             logits = self._model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.stats.forward_passes += 1
         self.stats.peak_batch_rows = max(self.stats.peak_batch_rows, int(logits.shape[0]))
         self.stats.batch_rows += int(logits.shape[0])
         return logits
+
+    @contextmanager
+    def _invariance(self, lengths: tuple[list[int], list[int]]) -> Iterator[None]:
+        if not self.batch_invariant:
+            yield
+            return
+        with batch_invariant.row_lengths(*lengths):
+            yield
 
     def _start_rows(self, rows: list[_Row]) -> None:
         """Prefill new rows, sample their first token and merge the survivors into the batch."""
@@ -480,8 +507,14 @@ class HFEngine:
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = Cache(layer_class_to_replicate=_GrowingLayer)
+        prompt_lengths = [len(row.prompt_ids) for row in rows]
         logits = self._forward(
-            version, cache, input_ids=input_ids, attention_mask=mask, position_ids=positions
+            version,
+            cache,
+            (prompt_lengths, prompt_lengths),
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
         )
         self.stats.prefill_passes += 1
         tokens = self._sample(rows, logits)
@@ -504,9 +537,11 @@ class HFEngine:
         batch = self._batch
         assert batch is not None
         batch.attention_mask = F.pad(batch.attention_mask, (0, 1), value=1)
+        lengths = ([1] * len(batch.rows), batch.attention_mask.sum(dim=1).tolist())
         logits = self._forward(
             batch.version,
             batch.cache,
+            lengths,
             input_ids=batch.last_tokens[:, None],
             attention_mask=batch.attention_mask,
             position_ids=batch.next_positions[:, None],

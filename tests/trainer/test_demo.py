@@ -10,11 +10,10 @@ import pytest
 from trainer.demo import main
 
 # The quick demo: 16 GRPO steps of 4 mazes x 8 rollouts, then 32 mazes x 2 rollouts sampled at
-# temperature 1 with the same seeds before and after (a paired comparison). Batched CPU numerics
-# differ in the last bits from run to run, so runs differ: this recipe measured +20.3 (seed 0) and
-# +7.8 (seed 1) points, five variants of it +3 to +25. The smaller margin this test holds it to is
-# therefore "better than before", not the full demo's 30 points.
-QUICK_MIN_IMPROVEMENT_POINTS = 0.0
+# temperature 1 with the same seeds before and after (a paired comparison). The hf engine is
+# batch-invariant, so a run repeats exactly (tests/trainer/test_determinism.py): the lift is a
+# number, and the issue asks for a real one.
+QUICK_MIN_IMPROVEMENT_POINTS = 10.0
 
 
 @pytest.mark.slow
@@ -26,7 +25,10 @@ def test_quick_demo_learns(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
     results = json.loads((run_dir / "results.json").read_text())
     before, after = results["before"], results["after"]
     assert before["scored"] == after["scored"] == 64
-    assert results["improvement_points"] > QUICK_MIN_IMPROVEMENT_POINTS, results
+    assert results["improvement_points"] >= QUICK_MIN_IMPROVEMENT_POINTS, results
+    walkers = results["baselines"]
+    assert walkers["random"] < walkers["noisy"] < walkers["observation"] <= walkers["oracle"] == 1.0
+    assert "of the gap to the best observation-only policy" in out
     assert after["adapter_version"] > before["adapter_version"], "GRPO applied no update"
     assert set(after["agent_metrics"]) == {"solved", "moves", "stopped"}
     # What the run leaves behind.
