@@ -47,7 +47,7 @@ def protocol_with_header_timeout(timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol, closing a connection that sends no complete request headers in time."""
     base: Any = AutoHTTPProtocol
 
-    class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
+    class HeaderTimeoutProtocol(base):
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
