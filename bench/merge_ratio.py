@@ -10,6 +10,13 @@ scored again by the model to check that merging kept every completion logprob.
 
     .venv/bin/python bench/merge_ratio.py [--games 32] [--seed 0] [--out bench/results/merge_ratio.json]
 
+``--model DIR`` measures a real model's tokenizer instead of the tiny one (a real BPE splits text
+differently, which is where prefix breaks come from); ``--chat-template`` replaces its template, as
+the ``chat_template`` setting does when serving (SmolLM2's own has no tool section):
+
+    .venv/bin/python bench/merge_ratio.py --model "$(.venv/bin/rft model smollm2 --cached)" \
+        --chat-template chatml-tools --out bench/results/merge_ratio_smollm2.json
+
 The issue's bar: merged train tokens <= 0.5x one sequence per call.
 """
 
@@ -25,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
+from policy_server.chat_templates import load_tokenizer
 from policy_server.tiny_model import build_tiny_model
 from policy_server.trace import CallRecord, RolloutTrace
 from trainer.grpo import token_logprobs
@@ -194,13 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--games", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "merge_ratio.json")
+    parser.add_argument("--model", type=Path, help="model directory (default: a tiny model built here)")
+    parser.add_argument("--chat-template", help="template replacing the model's own (e.g. chatml-tools)")
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", seed=args.seed)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        model_dir = args.model or build_tiny_model(Path(tmp) / "model", seed=args.seed)
+        tokenizer = load_tokenizer(model_dir, args.chat_template)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(args.seed)
     traces = [record_game(tokenizer, model, game, play(rng.choice(WORDS), rng)) for game in range(args.games)]
     counts = count_train_tokens(traces)
@@ -220,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         "prefix_breaks": breaks,
         "seed": args.seed,
         "tokenizer_vocab": len(tokenizer),
+        "model": str(args.model or "tiny"),
+        "chat_template": args.chat_template,
         "seconds": round(time.perf_counter() - started, 2),
         "command": " ".join(
             [".venv/bin/python bench/merge_ratio.py", *(sys.argv[1:] if argv is None else argv)]

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from policy_server.chat_templates import ChatTemplateError
 from policy_server.engines.base import Engine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
@@ -43,6 +44,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--vllm-url", help="attach to a running vLLM server instead of starting one")
     parser.add_argument(
+        "--chat-template",
+        help="template replacing the model's own, for either engine: a shipped name (chatml-tools: "
+        "ChatML with hermes tool calls) or a Jinja file",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        help="vllm engine: vLLM's --tool-call-parser (hermes, llama3_json, openai, ...; 'none' for "
+        "no parser; default: hermes)",
+    )
+    parser.add_argument(
+        "--reasoning-parser", help="vllm engine: vLLM's --reasoning-parser (qwen3, openai_gptoss, ...)"
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -57,11 +72,17 @@ def _engine(args: argparse.Namespace) -> Engine:
         from policy_server.engines.vllm import VLLMEngine
 
         return VLLMEngine(
-            args.model, python=args.vllm_python, base_url=args.vllm_url, served_name=args.policy_name
+            args.model,
+            python=args.vllm_python,
+            base_url=args.vllm_url,
+            served_name=args.policy_name,
+            tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+            chat_template=args.chat_template,
         )
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(args.model)
+    return HFEngine(args.model, chat_template=args.chat_template)
 
 
 def _stop_on_interrupt_or_term() -> None:
@@ -87,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft serve: {args.adapter} is not a peft adapter directory (no adapter_config.json in it)")
         return 2
     _stop_on_interrupt_or_term()
-    server = PolicyServer(_engine(args), policy_name=args.policy_name, api_key=args.api_key)
+    try:
+        engine = _engine(args)
+    except ChatTemplateError as exc:
+        print(f"rft serve: {exc}")
+        return 2
+    server = PolicyServer(engine, policy_name=args.policy_name, api_key=args.api_key)
     thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
     try:
         if args.adapter is not None:

@@ -139,10 +139,18 @@ def build_engine(config: TrainConfig, model_dir: Path) -> Engine:
             dtype=config.vllm.dtype,
             extra_args=config.vllm.extra_args,
             startup_timeout_s=config.vllm.startup_timeout_s,
+            tool_call_parser=config.vllm.tool_call_parser,
+            reasoning_parser=config.vllm.reasoning_parser,
+            chat_template=config.chat_template,
         )
     from policy_server.engines.hf import HFEngine
 
-    return HFEngine(model_dir, max_batch_size=config.hf.max_batch_size, seed=config.seed)
+    return HFEngine(
+        model_dir,
+        max_batch_size=config.hf.max_batch_size,
+        seed=config.seed,
+        chat_template=config.chat_template,
+    )
 
 
 def _model_dir(config: TrainConfig, run_dir: Path) -> Path:

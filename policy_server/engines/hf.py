@@ -39,9 +39,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicLayer
+from transformers import AutoModelForCausalLM, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
+from policy_server.chat_templates import chat_template_path, load_tokenizer
 from policy_server.engines.base import GenerationRequest, GenerationResult
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -168,6 +169,7 @@ class HFEngine:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        chat_template: str | Path | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -177,6 +179,8 @@ class HFEngine:
         self.device = torch.device(device)
         self.dtype = dtype
         self.stats = EngineStats()
+        # Checked now, so a bad setting fails before the model loads; applied to the tokenizer in _load.
+        self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._seeds = itertools.count(seed << 32)
         self._tokenizer: Any = None
         self._model: Any = None  # the base model, or the PeftModel wrapping it once an adapter is loaded
@@ -318,7 +322,7 @@ class HFEngine:
     # ---- worker thread --------------------------------------------------------------------------
 
     def _load(self) -> None:
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._tokenizer = load_tokenizer(self.model_dir, self._chat_template)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         self._model = model.to(self.device).eval()
         self._stop_ids = {
