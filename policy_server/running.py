@@ -22,6 +22,9 @@ from policy_server.server import PolicyServer
 
 ResultT = TypeVar("ResultT")
 
+# For uvicorn to listen once the engine has started. The engine's start has no deadline here: it
+# keeps its own (vLLM: startup_timeout_s, after which it stops its process), since a real model on a
+# busy machine may take minutes, and giving up here would orphan a vLLM still starting.
 START_TIMEOUT_S = 120.0
 # Uvicorn's graceful shutdown (5 s) plus closing the engine; past this, stop() gives up waiting (the
 # thread is a daemon and ends with the process), so Ctrl-C always stops `rft serve`.
@@ -64,6 +67,7 @@ class ServerThread:
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._engine_started = threading.Event()
         self._failure: BaseException | None = None
 
     @property
@@ -97,6 +101,8 @@ class ServerThread:
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="policy-server", daemon=True)
         self._thread.start()
+        while not self._engine_started.wait(1.0) and not self._ready.is_set():
+            pass
         self._ready.wait(START_TIMEOUT_S)
         if self._failure is not None:
             self._thread.join()
@@ -121,6 +127,7 @@ class ServerThread:
         assert self._uvicorn is not None
         if self.server is not None:
             await self.server.start()
+        self._engine_started.set()
         try:
             serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
             while not self._uvicorn.started and not serving.done():
