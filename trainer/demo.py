@@ -72,16 +72,17 @@ class DemoPlan:
 
 FULL = DemoPlan(train_mazes=2000, sft_demos=200, sft_steps=300, grpo_steps=30, rows_per_step=8, eval_rows=64)
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=300, grpo_steps=16, rows_per_step=4, eval_rows=32)
-# SmolLM2-135M on 2 CPU cores: a forward and backward pass costs ~25 ms per token, 500x the tiny
-# model's, so every stage is cut to what runs in about half an hour; on a GPU use the full plan.
+# SmolLM2-135M on 2 CPU cores: a forward and backward pass costs ~25 ms per token, ~500x the tiny
+# model's, so on a CPU this is a smoke-sized run (minutes, not a learning curve): it proves the path
+# end to end with a real pretrained model. On a GPU, pass the full plan (run_demo(plan=FULL)).
 SMOLLM2 = DemoPlan(
     train_mazes=400,
-    sft_demos=20,
-    sft_steps=16,
-    sft_batch_size=4,
-    grpo_steps=4,
-    rows_per_step=2,
-    eval_rows=16,
+    sft_demos=8,
+    sft_steps=8,
+    sft_batch_size=2,
+    grpo_steps=2,
+    rows_per_step=1,
+    eval_rows=8,
     num_generations=4,
     num_iterations=1,
     warmup_steps=0,
@@ -273,6 +274,12 @@ def result_table(before: dict[str, Any], after: dict[str, Any]) -> str:
     return "\n".join(f"{name:<14}{left:>10}{right:>10}" for name, left, right in rows)
 
 
+def plan_name(plan: DemoPlan) -> str:
+    """How the banner names a plan."""
+    named = (("full", FULL), ("quick", QUICK), ("smollm2", SMOLLM2))
+    return next((name for name, known in named if known == plan), "custom")
+
+
 def run_demo(
     run_dir: Path,
     *,
@@ -297,7 +304,7 @@ def run_demo(
     started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    banner(f"1/5 data and model ({'quick' if quick else 'full'} demo, run directory {run_dir})")
+    banner(f"1/5 data and model ({plan_name(plan)} demo, run directory {run_dir})")
     data_dir = run_dir / "data"
     write_dataset(data_dir, plan.train_mazes)
     if model is None:
