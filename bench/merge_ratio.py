@@ -10,6 +10,13 @@ scored again by the model to check that merging kept every completion logprob.
 
     .venv/bin/python bench/merge_ratio.py [--games 32] [--seed 0] [--out bench/results/merge_ratio.json]
 
+``--model DIR`` measures a real model's tokenizer instead of the tiny one (a real BPE splits text
+differently, which is where prefix breaks come from); ``--chat-template`` replaces its template, as
+the ``chat_template`` setting does when serving (SmolLM2's own has no tool section):
+
+    .venv/bin/python bench/merge_ratio.py --model "$(.venv/bin/rft model smollm2 --cached)" \
+        --chat-template chatml-tools --out bench/results/merge_ratio_smollm2.json
+
 The issue's bar: merged train tokens <= 0.5x one sequence per call.
 """
 
@@ -25,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
+from policy_server.chat_templates import load_tokenizer
 from policy_server.tiny_model import build_tiny_model
 from policy_server.trace import CallRecord, RolloutTrace
 from trainer.grpo import token_logprobs
@@ -122,7 +130,7 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
 
 
 def record_game(
-    tokenizer: Any, model: Any, game: int, calls: list[tuple[list[dict[str, Any]], dict[str, Any]]]
+    tokenizer: Any, model: Any | None, game: int, calls: list[tuple[list[dict[str, Any]], dict[str, Any]]]
 ) -> RolloutTrace:
     records = []
     end = tokenizer.eos_token  # "<|im_end|>": where the sampler stops; the "\n" after it is the template's
@@ -136,9 +144,12 @@ def record_game(
             raise RuntimeError(f"game {game} call {index}: the template renders the history differently")
         completion_text = turn_text[len(prompt_text) : turn_text.rindex(end) + len(end)]
         completion_ids = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
-        with torch.no_grad():
-            ids = torch.tensor([prompt_ids + completion_ids])
-            logprobs = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt_ids) :]
+        if model is None:  # --tokens-only: counts and prefix breaks need no logprobs
+            logprobs = torch.zeros(len(completion_ids))
+        else:
+            with torch.no_grad():
+                ids = torch.tensor([prompt_ids + completion_ids])
+                logprobs = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt_ids) :]
         records.append(
             CallRecord(
                 index=index,
@@ -194,13 +205,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--games", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "merge_ratio.json")
+    parser.add_argument("--model", type=Path, help="model directory (default: a tiny model built here)")
+    parser.add_argument("--chat-template", help="template replacing the model's own (e.g. chatml-tools)")
+    parser.add_argument(
+        "--tokens-only",
+        action="store_true",
+        help="skip the model (no logprobs, no drift check): token counts and prefix breaks depend only "
+        "on the tokenizer, and scoring a real model's long games is slow on a CPU",
+    )
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", seed=args.seed)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        model_dir = args.model or build_tiny_model(Path(tmp) / "model", seed=args.seed)
+        tokenizer = load_tokenizer(model_dir, args.chat_template)
+        model = None
+        if not args.tokens_only:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(args.seed)
     traces = [record_game(tokenizer, model, game, play(rng.choice(WORDS), rng)) for game in range(args.games)]
     counts = count_train_tokens(traces)
@@ -216,10 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(counts.ratio, 4),
         "sampled_tokens": sum(s.num_completion_tokens for s in sequences),
         "mean_merged_sequence_tokens": round(counts.merged / max(1, len(sequences)), 1),
-        "max_logprob_drift": max_logprob_drift(model, traces, tokenizer.pad_token_id),
+        "max_logprob_drift": None
+        if model is None
+        else max_logprob_drift(model, traces, tokenizer.pad_token_id),
         "prefix_breaks": breaks,
         "seed": args.seed,
         "tokenizer_vocab": len(tokenizer),
+        "model": str(args.model or "tiny"),
+        "chat_template": args.chat_template,
         "seconds": round(time.perf_counter() - started, 2),
         "command": " ".join(
             [".venv/bin/python bench/merge_ratio.py", *(sys.argv[1:] if argv is None else argv)]
@@ -230,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{result['games']} Wordle games, {result['calls']} calls -> {result['sequences']} sequences: "
         f"merged {counts.merged} vs per-call {counts.per_call} train tokens, ratio {counts.ratio:.3f} "
-        f"(bar: <= 0.5); prefix breaks {len(breaks)}; max logprob drift {result['max_logprob_drift']:.2e}"
+        f"(bar: <= 0.5); prefix breaks {len(breaks)}; max logprob drift {result['max_logprob_drift']}"
     )
     print(f"wrote {args.out}")
     return 0 if counts.ratio <= 0.5 and not breaks else 1

@@ -10,7 +10,11 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "smoke": ("handlers.smoke:main", "check that a deployed agent parses, calls its model and reports"),
     "serve": ("policy_server.cli:main", "serve a model through the OpenAI-compatible policy gateway"),
-    "tiny-model": ("policy_server.tiny_model:main", "build a tiny Llama and tokenizer offline"),
+    "model": ("policy_server.model_cli:main", "write a model directory: tiny (random, offline) or smollm2"),
+    "tiny-model": (
+        "policy_server.tiny_model:main",
+        "the old name of `rft model tiny`",
+    ),
     "sft": ("trainer.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
     "plan": ("trainer.plan:main", "estimate a config's memory per device and refuse one that cannot fit"),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from policy_server.chat_templates import ChatTemplateError
 from policy_server.engines.base import Engine
 from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
@@ -93,6 +94,20 @@ def _parser() -> argparse.ArgumentParser:
         help="hf engine's dtype (auto: bfloat16 on CUDA, float32 on CPU)",
     )
     parser.add_argument(
+        "--chat-template",
+        help="template replacing the model's own, for either engine: a shipped name (chatml-tools: "
+        "ChatML with hermes tool calls) or a Jinja file",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        help="vllm engine: vLLM's --tool-call-parser (hermes, llama3_json, openai, ...; 'none' for "
+        "no parser; default: hermes)",
+    )
+    parser.add_argument(
+        "--reasoning-parser", help="vllm engine: vLLM's --reasoning-parser (qwen3, openai_gptoss, ...)"
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -107,7 +122,13 @@ def _engine(args: argparse.Namespace) -> Engine:
         from policy_server.engines.vllm import VLLMEngine
 
         return VLLMEngine(
-            args.model, python=args.vllm_python, base_url=args.vllm_url, served_name=args.policy_name
+            args.model,
+            python=args.vllm_python,
+            base_url=args.vllm_url,
+            served_name=args.policy_name,
+            tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+            chat_template=args.chat_template,
         )
     import torch
 
@@ -115,7 +136,7 @@ def _engine(args: argparse.Namespace) -> Engine:
 
     device = args.device if args.device != "auto" else "cuda:0" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype if args.dtype != "auto" else "bfloat16" if device.startswith("cuda") else "float32"
-    return HFEngine(args.model, device=device, dtype=getattr(torch, dtype))
+    return HFEngine(args.model, device=device, dtype=getattr(torch, dtype), chat_template=args.chat_template)
 
 
 def _stop_on_interrupt_or_term() -> None:
@@ -147,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     tokens = None
     if args.accept_sagemaker_tokens:
         tokens = SageMakerTokenPolicy(access_key_ids=frozenset(args.sagemaker_access_key_ids))
+    try:
+        engine = _engine(args)
+    except ChatTemplateError as exc:
+        print(f"rft serve: {exc}")
+        return 2
     server = PolicyServer(
-        _engine(args),
+        engine,
         policy_name=args.policy_name,
         api_key=args.api_key,
         admin_key=args.admin_key,

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from policy_server.chat_templates import chat_template_text
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -29,64 +31,9 @@ TOOL_TAGS = (TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_
 
 HEAD_DIM = 64
 
-# ChatML in the hermes/Qwen style. Prefix-preserving across turns: an assistant turn renders as
-# `<|im_start|>assistant\n` + content + tool calls + `<|im_end|>\n`, exactly what the generation prompt
-# plus a canonical completion produce. Tool-call arguments render with `tojson` when they are a
-# mapping and verbatim when a string (a string written by json.dumps renders identically). Lists of
-# text parts join with newlines, as vLLM joins them.
-CHAT_TEMPLATE = r"""
-{%- macro render_content(content) -%}
-    {%- if content is string -%}
-        {{- content -}}
-    {%- elif content is iterable and content is not mapping -%}
-        {{- content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\n') -}}
-    {%- endif -%}
-{%- endmacro -%}
-{%- if messages and messages[0].role == 'system' -%}
-    {%- set system_text = render_content(messages[0].content) -%}
-    {%- set first = 1 -%}
-{%- else -%}
-    {%- set system_text = '' -%}
-    {%- set first = 0 -%}
-{%- endif -%}
-{%- if tools -%}
-    {{- '<|im_start|>system\n' -}}
-    {%- if system_text -%}{{- system_text + '\n\n' -}}{%- endif -%}
-    {{- '# Tools\n\nTo call a function, write <tool_call>\n{"name": <function-name>, "arguments": '
-        + '<args-json-object>}\n</tool_call>\nFunctions:\n<tools>' -}}
-    {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
-    {{- '\n</tools><|im_end|>\n' -}}
-{%- elif first == 1 -%}
-    {{- '<|im_start|>system\n' + system_text + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- for message in messages[first:] -%}
-    {%- if message.role == 'assistant' -%}
-        {%- set content = render_content(message.content) -%}
-        {{- '<|im_start|>assistant\n' + content -}}
-        {%- for tool_call in message.tool_calls or [] -%}
-            {%- if tool_call.function is defined -%}{%- set tool_call = tool_call.function -%}{%- endif -%}
-            {%- if content or not loop.first -%}{{- '\n' -}}{%- endif -%}
-            {{- '<tool_call>\n{"name": ' + (tool_call.name | tojson) + ', "arguments": ' -}}
-            {%- if tool_call.arguments is string -%}
-                {{- tool_call.arguments -}}
-            {%- elif tool_call.arguments is mapping -%}
-                {{- tool_call.arguments | tojson -}}
-            {%- else -%}
-                {{- '{}' -}}
-            {%- endif -%}
-            {{- '}\n</tool_call>' -}}
-        {%- endfor -%}
-        {{- '<|im_end|>\n' -}}
-    {%- elif message.role == 'tool' -%}
-        {%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-        {{- '\n<tool_response>\n' + render_content(message.content) + '\n</tool_response>' -}}
-        {%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
-    {%- else -%}
-        {{- '<|im_start|>' + message.role + '\n' + render_content(message.content) + '<|im_end|>\n' -}}
-    {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
-""".strip()
+# ChatML in the hermes/Qwen style, shipped as the `chatml-tools` template (policy_server/chat_templates
+# says why and how it is prefix-preserving).
+CHAT_TEMPLATE = chat_template_text("chatml-tools")
 
 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:

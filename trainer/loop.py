@@ -163,6 +163,9 @@ def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             else None,
             extra_args=vllm.extra_args,
             startup_timeout_s=vllm.startup_timeout_s,
+            tool_call_parser=vllm.tool_call_parser,
+            reasoning_parser=vllm.reasoning_parser,
+            chat_template=config.chat_template,
         )
     from policy_server.engines.hf import HFEngine
 
@@ -173,6 +176,7 @@ def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
         dtype=getattr(torch, placement.engine_dtype),
         seed=config.seed,
         batch_invariant=config.hf.batch_invariant,
+        chat_template=config.chat_template,
     )
 
 

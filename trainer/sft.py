@@ -2,7 +2,8 @@
 
 A demonstration is one chat request as the agent sends it: ``{"messages": [...], "tools": [...]}`` in
 OpenAI format, ending with the assistant's last turn. It is rendered through the model's own chat
-template exactly as the policy server renders a rollout (same message normalisation, same template),
+template exactly as the policy server renders a rollout (same message normalisation, same template;
+``--chat-template`` replaces the model's own, as the ``chat_template`` setting does for serving),
 and the loss covers only what the model itself would sample: each assistant turn's content and
 tool calls up to and including its end-of-turn token. Everything else (system prompt, tool list,
 user messages, tool results, the template's role headers) is context.
@@ -156,19 +157,23 @@ def run_sft(
     target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    chat_template: str | Path | None = None,
 ) -> SftResult:
     """Train a fresh LoRA adapter on ``demonstrations`` for ``steps`` AdamW steps; save it to ``out_dir``.
 
     Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
-    every step (progress display).
+    every step (progress display). ``chat_template`` replaces the model's own template (a shipped
+    name or a file, see ``policy_server.chat_templates``): use the one the policy server will use.
     """
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from policy_server.chat_templates import load_tokenizer
 
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(model_dir, chat_template)
     encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
     if not encoded:
         raise DemonstrationError("no demonstrations to train on")
@@ -240,6 +245,11 @@ def _parser() -> argparse.ArgumentParser:
         "from scratch needs embed_tokens and lm_head too)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--chat-template",
+        help="template replacing the model's own: a shipped name (chatml-tools) or a Jinja file; use "
+        "the one training will serve with (the config's chat_template)",
+    )
     return parser
 
 
@@ -272,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             target_modules=[name.strip() for name in args.target_modules.split(",") if name.strip()],
             seed=args.seed,
             on_step=report,
+            chat_template=args.chat_template,
         )
     except (DemonstrationError, ValueError, OSError) as exc:
         print(f"rft sft: {exc}", file=sys.stderr)

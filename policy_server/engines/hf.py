@@ -42,9 +42,10 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
-from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicLayer
+from transformers import AutoModelForCausalLM, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
+from policy_server.chat_templates import chat_template_path, load_tokenizer
 from policy_server.engines import batch_invariant
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
 
@@ -176,6 +177,7 @@ class HFEngine:
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
         batch_invariant: bool = True,
+        chat_template: str | Path | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -188,6 +190,8 @@ class HFEngine:
         # batch_invariant.py), so seeded requests sample the same tokens however agents are timed.
         self.batch_invariant = batch_invariant
         self.stats = EngineStats()
+        # Checked now, so a bad setting fails before the model loads; applied to the tokenizer in _load.
+        self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._seeds = itertools.count(seed << 32)
         self._tokenizer: Any = None
         self._model: Any = None  # the base model, or the PeftModel wrapping it once an adapter is loaded
@@ -368,7 +372,7 @@ class HFEngine:
     # ---- worker thread --------------------------------------------------------------------------
 
     def _load(self) -> None:
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self._tokenizer = load_tokenizer(self.model_dir, self._chat_template)
         options: dict[str, Any] = {"dtype": self.dtype}
         if self.batch_invariant:
             options["attn_implementation"] = batch_invariant.register()

