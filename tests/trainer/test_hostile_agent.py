@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -54,16 +53,12 @@ def test_a_hostile_agent_cannot_stop_or_change_a_run(tiny_model_dir: Path, tmp_p
     benign_numbers, benign_weights = results["benign"]
     hostile_numbers, hostile_weights = results["hostile"]
     assert all(row["failed"] == 0 for row in hostile_numbers)
-    # Rewards and sampled tokens match exactly. The loss reads the sampler's logprobs, which differ
-    # in the last bits with the batch a call shared (timing differs between any two runs), so it and
-    # the weights (Adam scales tiny differences up) match to rounding.
-    exact = [{k: v for k, v in row.items() if k != "loss"} for row in benign_numbers]
-    assert [{k: v for k, v in row.items() if k != "loss"} for row in hostile_numbers] == exact
-    for benign, hostile_row in zip(benign_numbers, hostile_numbers, strict=True):
-        assert hostile_row["loss"] == pytest.approx(benign["loss"], rel=1e-5, abs=1e-8)
+    # The hf engine is batch-invariant, so the hostile run's numbers are the benign run's to the last
+    # bit: rewards, losses, sampled tokens and the adapter's weights.
+    assert hostile_numbers == benign_numbers
     assert benign_weights.keys() == hostile_weights.keys()
     for key, tensor in benign_weights.items():
-        torch.testing.assert_close(hostile_weights[key], tensor, rtol=1e-3, atol=1e-4)
+        assert torch.equal(hostile_weights[key], tensor), key
 
 
 def test_a_taken_trace_or_a_closed_job_does_not_crash_the_session(
