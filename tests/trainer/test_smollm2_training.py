@@ -38,7 +38,7 @@ def test_warm_start_teaches_the_maze_call_and_the_maze_agent_plays_through_the_g
         smollm2_dir,
         demonstrations,
         tmp_path / "sft",
-        steps=12,
+        steps=8,
         learning_rate=2e-3,
         batch_size=2,
         lora_r=8,
@@ -85,6 +85,7 @@ def test_grpo_steps_update_the_policy_each_engine_serves(
             rows_per_step=1,
             max_steps=2,
             max_completion_length=8,
+            rollout_timeout_s=600,  # SmolLM2 on a loaded 2-core machine: a demo maze rollout took 137 s
             learning_rate=1e-2,  # one Adam step moves every LoRA weight by ~lr: a visible change
             lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
             **extra,
