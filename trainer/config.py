@@ -445,9 +445,9 @@ class TrainConfig(_Section):
         default="token_truncate",
         description="How the sampler-to-learner ratio becomes a weight, TRL's modes: token_truncate "
         "(per token, capped at the cap: truncated importance sampling), token_mask (per token, 0 "
-        "above the cap), sequence_truncate / sequence_mask (one ratio per sequence, the product of its "
-        "tokens'). token_truncate is what TRL's docs call the default; TRL's field default is "
-        "sequence_mask.",
+        "above the cap), sequence_truncate / sequence_mask (one ratio per training sequence, a "
+        "rollout's calls merged where each prompt extends the last: the product of its tokens'). "
+        "token_truncate is what TRL's docs call the default; TRL's field default is sequence_mask.",
     )
     vllm_importance_sampling_cap: float = Field(
         default=3.0,
