@@ -38,6 +38,8 @@ BASE_DIR_KEY = "base_dir"
 
 
 RewardAggregation = Literal["sum", "last", "mean"]
+# TRL's vllm_importance_sampling_mode values (trainer.grpo implements them; config stays torch-free).
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 class ConfigError(ValueError):
@@ -416,9 +418,11 @@ class TrainConfig(_Section):
     num_iterations: int = Field(
         default=1,
         ge=1,
-        description="Optimizer steps on each step's batch (mu in the GRPO paper). Above 1, later passes "
-        "are off-policy and the clipped importance ratio against the sampler's logprobs keeps them "
-        "close; the learning-rate schedule counts optimizer steps (max_steps x num_iterations).",
+        description="Optimizer steps on each step's batch (mu in the GRPO paper; TRL's default 1). Above "
+        "1, later passes are off-policy and the clipped ratio against an old policy fixed for the "
+        "whole batch keeps them close (the sampler's logprobs, or with "
+        "vllm_importance_sampling_correction the learner's own before the first pass, as TRL); the "
+        "learning-rate schedule counts optimizer steps (max_steps x num_iterations).",
     )
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
         default="dapo",
@@ -441,11 +445,34 @@ class TrainConfig(_Section):
     epsilon_high: float | None = Field(
         default=None, gt=0, description="Upper clip range; unset: epsilon (DAPO uses 0.28)."
     )
-    truncated_importance_cap: float | None = Field(
-        default=None,
+    use_bias_correction_kl: bool = Field(
+        default=False,
+        description="With beta > 0, multiply each token's k3 KL term by the importance ratio of the "
+        "clipped objective (current over old policy), as DeepSeek-V3.2 does; TRL's option of the same "
+        "name, and its default (false).",
+    )
+    vllm_importance_sampling_correction: bool = Field(
+        default=False,
+        description="Correct the sampler/learner mismatch as TRL does (either engine, despite TRL's "
+        "name): the learner's logprobs of a step's batch are computed once, before its first "
+        "optimizer pass, and are the old policy of the clipped ratio for all num_iterations passes; "
+        "each token's loss is weighted by the sampler-to-learner ratio exp(learner - sampler), bounded "
+        "as vllm_importance_sampling_mode says. false (rftkit's default; TRL's is true): the old "
+        "policy is the sampler's recorded logprobs, so the clipped ratio itself absorbs the mismatch "
+        "and no extra forward pass is made.",
+    )
+    vllm_importance_sampling_mode: ImportanceSamplingMode = Field(
+        default="token_truncate",
+        description="How the sampler-to-learner ratio becomes a weight, TRL's modes: token_truncate "
+        "(per token, capped at the cap: truncated importance sampling), token_mask (per token, 0 "
+        "above the cap), sequence_truncate / sequence_mask (one ratio per training sequence, a "
+        "rollout's calls merged where each prompt extends the last: the product of its tokens'). "
+        "token_truncate is what TRL's docs call the default; TRL's field default is sequence_mask.",
+    )
+    vllm_importance_sampling_cap: float = Field(
+        default=3.0,
         gt=0,
-        description="Cap on the sampler-to-trainer importance weight per token (truncated importance "
-        "sampling); unset: no correction.",
+        description="The cap C of vllm_importance_sampling_mode (TRL's default, 3.0).",
     )
 
     # --- optimizer and schedule
@@ -516,6 +543,17 @@ class TrainConfig(_Section):
     prices: TokenPrices = Field(
         default_factory=TokenPrices, description="Token prices per million for the cost estimate."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "truncated_importance_cap" in data:
+            raise ValueError(
+                "truncated_importance_cap is now TRL's vllm_importance_sampling_cap: set "
+                "vllm_importance_sampling_correction: true and vllm_importance_sampling_cap: "
+                f"{data['truncated_importance_cap']} (mode token_truncate, the default)"
+            )
+        return data
 
     @field_validator("scale_rewards", mode="before")
     @classmethod

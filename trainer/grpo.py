@@ -6,19 +6,30 @@ column 0 is 0 because nothing predicts the first token. A loss mask marks the sa
 tokens; everything else (prompts, environment turns, padding) is 0 and changes nothing.
 
 Names and semantics follow TRL's ``GRPOTrainer`` (``loss_type``, ``epsilon``, ``epsilon_high``,
-``beta``), with one difference: the old policy of the importance ratio is the *sampler* that produced
-the tokens (the logprobs the policy server recorded), so the ratio also absorbs any numeric mismatch
-between the inference engine and the trainer.
+``beta``, the ``vllm_importance_sampling_*`` modes, ``use_bias_correction_kl``). Two old policies are
+possible for the clipped ratio:
+
+- without an importance-sampling mode (rftkit's default), the *sampler* that produced the tokens
+  (the logprobs the policy server recorded), so the clipped ratio also absorbs any numeric mismatch
+  between the inference engine and the trainer;
+- with one (TRL's default), the learner's own logprobs of the batch before its first optimizer pass
+  (``old_logprobs``, fixed for every pass), and each token's loss is weighted by the
+  sampler-to-learner ratio ``exp(old_logprobs - behavior_logprobs)``, truncated or masked above a cap
+  (:func:`sampler_importance_weights`).
 """
 
 from __future__ import annotations
 
+import typing
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 LossType = Literal["grpo", "dr_grpo", "dapo"]
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = typing.get_args(ImportanceSamplingMode)
 
 
 def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -75,6 +86,65 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
+@dataclass(frozen=True)
+class ImportanceWeights:
+    """The sampler-to-learner correction of one batch: per-token weights and what they came from.
+
+    ``weight``: [B, T] the factor on each token's policy loss; ``ratio``: [B, T] the raw ratio before
+    the cap (a sequence mode's one ratio per sequence, repeated on its tokens); ``capped``: [B, T] bool,
+    True where the cap truncated or masked the ratio. All three are meaningful only where the loss
+    mask is 1.
+    """
+
+    weight: Tensor
+    ratio: Tensor
+    capped: Tensor
+
+
+def sampler_importance_weights(
+    old_logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    loss_mask: Tensor,
+    *,
+    mode: ImportanceSamplingMode = "token_truncate",
+    cap: float = 3.0,
+) -> ImportanceWeights:
+    """Importance weights of the learner's old policy over the sampler's, as TRL's modes define them.
+
+    The per-token ratio is ``exp(old_logprobs - behavior_logprobs)``. ``token_*`` modes keep one ratio
+    per token; ``sequence_*`` modes take one per sequence, the product of its tokens' ratios
+    (``exp`` of the summed log-ratios). ``*_truncate`` caps a ratio at ``cap`` (truncated importance
+    sampling, Yao et al. 2025); ``*_mask`` sets a ratio above ``cap`` to 0, dropping that token or
+    sequence from the policy loss. No gradient flows through the weights.
+    """
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"importance sampling mode must be one of {IMPORTANCE_SAMPLING_MODES}, got {mode!r}")
+    if cap <= 0:
+        raise ValueError(f"importance sampling cap must be positive, got {cap}")
+    mask = loss_mask.to(old_logprobs.dtype)
+    difference = (old_logprobs - behavior_logprobs).detach()
+    log_ratio = torch.where(mask > 0, difference, torch.zeros_like(difference))
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
+    ratio = torch.exp(log_ratio)
+    capped = ratio > cap
+    if mode.endswith("truncate"):
+        weight = torch.clamp(ratio, max=cap)
+    else:
+        weight = torch.where(capped, torch.zeros_like(ratio), ratio)
+    return ImportanceWeights(weight=weight, ratio=ratio, capped=capped)
+
+
+def _importance_metrics(weights: ImportanceWeights, mask: Tensor) -> dict[str, float]:
+    on = mask > 0
+    return {
+        "is_ratio_mean": _masked_mean(weights.ratio, mask),
+        "is_ratio_max": float(weights.ratio[on].max()) if bool(on.any()) else 1.0,
+        "is_capped_fraction": _masked_mean(weights.capped.to(mask.dtype), mask),
+        "is_weight_mean": _masked_mean(weights.weight, mask),
+    }
+
+
 def grpo_loss(
     logprobs: Tensor,
     behavior_logprobs: Tensor,
@@ -87,7 +157,10 @@ def grpo_loss(
     max_completion_length: int | None = None,
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
-    tis_cap: float | None = None,
+    use_bias_correction_kl: bool = False,
+    importance_sampling_mode: ImportanceSamplingMode | None = None,
+    importance_sampling_cap: float = 3.0,
+    old_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     episode_tokens: Tensor | None = None,
     total_episodes: int | None = None,
@@ -111,11 +184,18 @@ def grpo_loss(
         max_completion_length: the constant of ``dr_grpo`` (required there, unused otherwise).
         ref_logprobs: [B, T] reference (base model) logprobs; with ``beta > 0`` adds ``beta * k3`` per
             token, k3 = exp(ref - lp) - (ref - lp) - 1, averaged like the surrogate.
-        tis_cap: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly
-            brings you off-policy RL training"; TRL's ``vllm_importance_sampling_cap``). The PPO ratio is
-            then taken against the trainer's own logprobs before this update (``logprobs.detach()``,
-            exact when a batch gets one optimizer step) and the sampler/trainer mismatch is corrected
-            by the per-token weight ``min(exp(logprobs.detach() - behavior_logprobs), tis_cap)``.
+        use_bias_correction_kl: multiply each token's k3 term by the importance ratio of the clipped
+            objective (current over old policy, with its gradient), as TRL's option of the same name
+            (DeepSeek-V3.2): the k3 estimate is then unbiased for samples from the old policy.
+        importance_sampling_mode: None (default): the old policy of the clipped ratio is the sampler
+            (``behavior_logprobs``). Else one of TRL's ``vllm_importance_sampling_mode`` values: the old
+            policy is ``old_logprobs`` and each token's policy loss is weighted by
+            :func:`sampler_importance_weights` of ``old_logprobs`` over ``behavior_logprobs``.
+        importance_sampling_cap: the cap C of that mode (TRL's ``vllm_importance_sampling_cap``).
+        old_logprobs: [B, T] the learner's logprobs of the batch before its first optimizer pass, no
+            grad; used with an importance-sampling mode. Fixed across a batch's ``num_iterations``
+            passes, so later passes are clipped against it. None: this is the batch's only pass and
+            ``logprobs.detach()`` is the same value.
         entropy: [B, T] optional per-token entropies, only reported (masked mean).
         episode_tokens: [B] masked tokens of each sequence's whole episode, counted over every
             sequence of that episode (in this batch or not). The episode, not the call, is the unit of
@@ -128,8 +208,11 @@ def grpo_loss(
 
     Returns:
         ``(loss, metrics)``: a scalar tensor and floats ``clip_fraction`` (masked tokens whose clipped
-        branch was taken), ``ratio_mean``, ``mismatch_kl`` (k3 of KL(sampler || trainer), masked
-        mean), and when given ``kl``, ``entropy``, ``tis_weight_mean``.
+        branch was taken), ``ratio_mean`` (of the clipped ratio), ``mismatch_kl`` (k3 of
+        KL(sampler || trainer), masked mean), when given ``kl`` and ``entropy``, and with an
+        importance-sampling mode ``is_ratio_mean``, ``is_ratio_max`` (the sampler-to-learner ratio
+        before its cap), ``is_capped_fraction`` (tokens whose ratio was truncated or masked) and
+        ``is_weight_mean`` (the weight applied).
     """
     if loss_type not in ("grpo", "dr_grpo", "dapo"):
         raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
@@ -143,18 +226,25 @@ def grpo_loss(
 
     # Where the mask is 0 the log-ratio is forced to 0, so padding with junk logprobs cannot make inf/nan.
     behavior_log_ratio = torch.where(mask > 0, logprobs - behavior_logprobs, torch.zeros_like(logprobs))
-    old_logprobs = logprobs.detach() if tis_cap is not None else behavior_logprobs
-    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    metrics: dict[str, float] = {}
+    weights: ImportanceWeights | None = None
+    old = behavior_logprobs
+    if importance_sampling_mode is not None:
+        old = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs.dtype)
+        weights = sampler_importance_weights(
+            old, behavior_logprobs, mask, mode=importance_sampling_mode, cap=importance_sampling_cap
+        )
+    log_ratio = torch.where(mask > 0, logprobs - old, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
-    metrics: dict[str, float] = {}
-    if tis_cap is not None:
-        weight = torch.clamp(torch.exp(behavior_log_ratio.detach()), max=tis_cap)
-        per_token = per_token * weight
-        metrics["tis_weight_mean"] = _masked_mean(weight, mask)
+    if weights is not None:
+        per_token = per_token * weights.weight
+        metrics.update(_importance_metrics(weights, mask))
     if ref_logprobs is not None:
         kl = _k3(torch.where(mask > 0, ref_logprobs - logprobs, torch.zeros_like(logprobs)))
+        if use_bias_correction_kl:
+            kl = kl * ratio
         metrics["kl"] = _masked_mean(kl.detach(), mask)
         if beta > 0.0:
             per_token = per_token + beta * kl

@@ -153,20 +153,55 @@ class Learner:
         state = get_peft_model_state_dict(self.model)
         return {name: tensor.detach().clone() for name, tensor in state.items()}
 
-    def train_step(self, sequences: Sequence[TrainingSequence], *, seed: int | None = None) -> StepResult:
+    @torch.no_grad()
+    def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
+        """The learner's logprobs of each sequence now, before the batch's first optimizer pass.
+
+        One 1-D tensor per sequence (its length, 0 off the loss mask), in ``sequences``' order: the
+        fixed old policy of the clipped ratio for all of the batch's passes when the sampler/learner
+        correction is on (TRL computes the same once per generation batch). Computed in eval mode (no
+        LoRA dropout) and in the same micro-batches as :meth:`train_step`, so with no dropout the first
+        pass's ratio is exactly 1.
+        """
+        self.model.eval()
+        try:
+            old: dict[int, torch.Tensor] = {}
+            for micro in micro_batches_by_token_budget(sequences, self.micro_batch_tokens):
+                batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
+                logprobs = self.token_logprobs(batch)[0]
+                for row, sequence in enumerate(micro):
+                    old[id(sequence)] = logprobs[row, : len(sequence)].clone()
+        finally:
+            self.model.train()
+        return [old[id(sequence)] for sequence in sequences]
+
+    def train_step(
+        self,
+        sequences: Sequence[TrainingSequence],
+        *,
+        seed: int | None = None,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+    ) -> StepResult:
         """One optimizer step on ``sequences`` (each carrying its advantage).
 
         ``seed`` fixes torch's RNG for this step (LoRA dropout) without touching the caller's RNG, so a
-        resumed run draws the same dropout masks as an uninterrupted one.
+        resumed run draws the same dropout masks as an uninterrupted one. ``old_logprobs``: from
+        :meth:`old_logprobs` before the batch's first pass, for every pass when the sampler/learner
+        correction (``vllm_importance_sampling_correction``) is on; unset, this pass's own detached
+        logprobs stand in, which is exact only for a batch's single pass.
         """
         if not sequences:
             raise ValueError("train_step needs at least one sequence")
+        if old_logprobs is not None and len(old_logprobs) != len(sequences):
+            raise ValueError(f"{len(old_logprobs)} old logprob rows for {len(sequences)} sequences")
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed)
-            return self._train_step(sequences)
+            return self._train_step(sequences, old_logprobs)
 
-    def _train_step(self, sequences: Sequence[TrainingSequence]) -> StepResult:
+    def _train_step(
+        self, sequences: Sequence[TrainingSequence], old_logprobs: Sequence[torch.Tensor] | None
+    ) -> StepResult:
         config = self.config
         total_sequences = len(sequences)
         total_tokens = sum(sequence.num_completion_tokens for sequence in sequences)
@@ -178,11 +213,18 @@ class Learner:
                 episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
             )
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
+        old_by_sequence = None
+        if old_logprobs is not None:
+            old_by_sequence = {id(seq): lp for seq, lp in zip(sequences, old_logprobs, strict=True)}
+        correction = None
+        if config.vllm_importance_sampling_correction:
+            correction = config.vllm_importance_sampling_mode
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         loss_sum = 0.0
-        weighted: dict[str, float] = {}
+        weighted: dict[str, float] = {}  # token-weighted sums of per-micro-batch means
+        maxima: dict[str, float] = {}
         finite = True
         for micro in micro_batches:
             batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
@@ -199,7 +241,10 @@ class Learner:
                 max_completion_length=config.max_completion_length,
                 ref_logprobs=ref_logprobs,
                 beta=config.beta,
-                tis_cap=config.truncated_importance_cap,
+                use_bias_correction_kl=config.use_bias_correction_kl,
+                importance_sampling_mode=correction,
+                importance_sampling_cap=config.vllm_importance_sampling_cap,
+                old_logprobs=None if old_by_sequence is None else _pad_rows(micro, old_by_sequence, logprobs),
                 entropy=entropy,
                 episode_tokens=torch.tensor(
                     [episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
@@ -214,12 +259,16 @@ class Learner:
             loss_sum += float(loss.detach())
             tokens = float(batch.loss_mask.sum())
             for key, value in metrics.items():
-                weighted[key] = weighted.get(key, 0.0) + value * tokens
+                if key.endswith("_max"):
+                    maxima[key] = max(maxima.get(key, value), value)
+                else:
+                    weighted[key] = weighted.get(key, 0.0) + value * tokens
         grad_norm = float("nan")
         if finite:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, config.max_grad_norm))
             finite = math.isfinite(grad_norm)
         result = StepResult(metrics={key: value / max(total_tokens, 1) for key, value in weighted.items()})
+        result.metrics.update(maxima)
         result.metrics.update(
             loss=loss_sum if finite else float("nan"),
             grad_norm=grad_norm,
@@ -315,6 +364,17 @@ def _device_and_dtype(config: TrainConfig, placement: Placement | None) -> tuple
             "or install a CUDA build of torch on a machine with a GPU"
         )
     return device, getattr(torch, placement.learner_dtype)
+
+
+def _pad_rows(
+    micro: Sequence[TrainingSequence], rows: dict[int, torch.Tensor], like: torch.Tensor
+) -> torch.Tensor:
+    """Per-sequence 1-D tensors right-padded with 0 into ``like``'s [B, T] shape, dtype and device."""
+    padded = torch.zeros_like(like, requires_grad=False)
+    for row, sequence in enumerate(micro):
+        values = rows[id(sequence)]
+        padded[row, : len(values)] = values.to(padded.device, padded.dtype)
+    return padded
 
 
 def _to_device(batch: SequenceBatch, device: torch.device) -> SequenceBatch:

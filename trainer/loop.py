@@ -689,8 +689,10 @@ def _step_requests(run: _Run, step: int, rows: list[Any]) -> list[RolloutRequest
 def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
     """``num_iterations`` optimizer steps on the batch.
 
-    The first pass's metrics describe the batch against the policy that sampled it (mismatch KL); the
-    last pass's clip fraction shows how far the later, off-policy passes went.
+    With the sampler/learner correction on and several passes, the learner's logprobs of the batch
+    are taken once before the first pass: the fixed old policy every pass is clipped against (as
+    TRL's). The first pass's metrics describe the batch against the policy that sampled it (mismatch
+    KL, importance ratios); the last pass's clip fraction shows how far the later passes went.
     """
     started = time.monotonic()
     metrics: dict[str, float] = {}
@@ -700,9 +702,13 @@ def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
         return _StepUpdate(applied, metrics, time.monotonic() - started)
     _engine_asleep(run, True)
     try:
-        for iteration in range(run.config.num_iterations):
-            seed = derived_seed(run.config.seed, "update", step, iteration)
-            result = run.learner.train_step(batch.sequences, seed=seed)
+        config = run.config
+        old_logprobs = None
+        if config.vllm_importance_sampling_correction and config.num_iterations > 1:
+            old_logprobs = run.learner.old_logprobs(batch.sequences)
+        for iteration in range(config.num_iterations):
+            seed = derived_seed(config.seed, "update", step, iteration)
+            result = run.learner.train_step(batch.sequences, seed=seed, old_logprobs=old_logprobs)
             applied = applied or not result.skipped
             if iteration == 0:
                 metrics = dict(result.metrics)

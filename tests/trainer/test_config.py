@@ -113,7 +113,17 @@ def test_defaults(tmp_path: Path) -> None:
     assert (config.prices.prefill, config.prices.sample, config.prices.train) == (0.12, 0.30, 0.36)
     assert config.train_file == tmp_path / "configs" / "train.jsonl"
     assert config.mlflow_uri == (tmp_path / "configs" / "runs" / "rftkit" / "mlruns").as_uri()
-    assert config.eval_file is None and config.truncated_importance_cap is None
+    assert config.eval_file is None and not config.vllm_importance_sampling_correction
+    assert (config.vllm_importance_sampling_mode, config.vllm_importance_sampling_cap) == (
+        "token_truncate",
+        3.0,
+    )
+    assert config.use_bias_correction_kl is False
+
+
+def test_the_old_truncated_importance_cap_names_its_trl_replacement(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_cap: 2.0"):
+        load_config(_write(tmp_path, "old.yaml", "truncated_importance_cap: 2.0\n"))
 
 
 def test_hub_id_model_is_not_turned_into_a_path(tmp_path: Path) -> None:

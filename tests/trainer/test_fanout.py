@@ -308,6 +308,32 @@ def test_bounded_concurrency(misbehaving_agent: tuple[MisbehavingAgent, str]) ->
     assert 1 <= peak <= 3
 
 
+def test_connections_are_kept_alive_and_bounded_by_the_concurrency() -> None:
+    # Each concurrent rollout has its own client: at most max_concurrent connections per target,
+    # reused from one rollout to the next and from one run to the next.
+    clients: list[tuple[str, int]] = []
+
+    async def agent(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        clients.append(scope["client"])
+        while (await receive()).get("more_body", False):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"3")]})
+        await send({"type": "http.response.body", "body": b"1.0"})
+
+    async def play(urls: list[str]) -> list[RolloutOutcome]:
+        async with Fanout(urls, max_concurrent=4, rollout_timeout_s=10.0) as fanout:
+            first = await fanout.run(_requests([{"n": n} for n in range(30)]))
+            return first + await fanout.run(_requests([{"n": n} for n in range(30)]))
+
+    with ServingThread(agent) as one, ServingThread(agent) as two:
+        outcomes = asyncio.run(play([one.url, two.url]))
+    assert len(outcomes) == 60 and all(outcome.ok and outcome.reward == 1.0 for outcome in outcomes)
+    assert len(clients) == 60
+    assert 2 <= len(set(clients)) <= 2 * 4
+
+
 # --- real rft_app agents ---------------------------------------------------------------------------------
 
 

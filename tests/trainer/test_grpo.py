@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pytest
 import torch
 
-from trainer.grpo import entropy_from_logits, group_advantages, grpo_loss, token_logprobs
+from trainer.config import ImportanceSamplingMode as ConfigMode
+from trainer.grpo import (
+    IMPORTANCE_SAMPLING_MODES,
+    entropy_from_logits,
+    group_advantages,
+    grpo_loss,
+    sampler_importance_weights,
+    token_logprobs,
+)
 
 # The batch most tests use: 2 sequences, 5 columns, epsilon 0.2 (ratio band [0.8, 1.2]).
 #   sequence 0: advantage +1,   loss mask [0, 1, 1, 1, 0], ratios on the masked tokens 1.0, 1.5, 0.7
@@ -160,10 +169,17 @@ def test_masked_tokens_change_nothing() -> None:
     wild_behavior[off] = -math.inf
     wild_ref[off] = 1e4
     wild_lp.requires_grad_(True)
-    for loss_type in ("grpo", "dr_grpo", "dapo"):
+    old = logprobs.detach() - 0.1
+    wild_old = old.clone()
+    wild_old[off] = -1e4
+    for loss_type, mode in (("grpo", None), ("dr_grpo", "sequence_truncate"), ("dapo", "token_mask")):
         kwargs = {"loss_type": loss_type, "max_completion_length": 4, "ref_logprobs": ref, "beta": 0.1}
+        if mode is not None:
+            kwargs.update(importance_sampling_mode=mode, old_logprobs=old, use_bias_correction_kl=True)
         clean, clean_metrics = grpo_loss(logprobs, behavior, advantages, mask, **kwargs)
         kwargs["ref_logprobs"] = wild_ref
+        if mode is not None:
+            kwargs["old_logprobs"] = wild_old
         wild, wild_metrics = grpo_loss(wild_lp, wild_behavior, advantages, mask, **kwargs)
         (clean_grad,) = torch.autograd.grad(clean, logprobs)
         (wild_grad,) = torch.autograd.grad(wild, wild_lp)
@@ -204,18 +220,137 @@ def test_kl_term_to_the_reference() -> None:
     assert metrics["kl"] == pytest.approx(k3)
 
 
-def test_truncated_importance_weights() -> None:
+def test_truncated_importance_weights_on_a_single_pass() -> None:
     logprobs, behavior, advantages, mask = make_batch()
-    loss, metrics = grpo_loss(logprobs, behavior, advantages, mask, loss_type="dapo", tis_cap=1.3)
-    # PPO ratio against the trainer's own (detached) logprobs is 1, so per-token loss = -A * w,
-    # w = min(exp(lp - behavior), 1.3): seq 0 w = [1.0, 1.3, 0.7] -> -3.0;
-    # seq 1 w = [0.5, 1.1] -> 0.5 * (0.5 + 1.1) = 0.8
+    loss, metrics = grpo_loss(
+        logprobs,
+        behavior,
+        advantages,
+        mask,
+        loss_type="dapo",
+        importance_sampling_mode="token_truncate",
+        importance_sampling_cap=1.3,
+    )
+    # No old_logprobs: the batch's only pass, so the PPO ratio is against this pass's own (detached)
+    # logprobs, i.e. 1, and per-token loss = -A * w, w = min(exp(lp - behavior), 1.3):
+    # seq 0 w = [1.0, 1.3, 0.7] -> -3.0; seq 1 w = [0.5, 1.1] -> 0.5 * (0.5 + 1.1) = 0.8
     assert loss.item() == pytest.approx((-3.0 + 0.8) / 5)
-    assert metrics["tis_weight_mean"] == pytest.approx((1.0 + 1.3 + 0.7 + 0.5 + 1.1) / 5)
+    assert metrics["is_weight_mean"] == pytest.approx((1.0 + 1.3 + 0.7 + 0.5 + 1.1) / 5)
+    assert metrics["is_ratio_mean"] == pytest.approx((1.0 + 1.5 + 0.7 + 0.5 + 1.1) / 5)
+    assert metrics["is_ratio_max"] == pytest.approx(1.5)
+    assert metrics["is_capped_fraction"] == pytest.approx(1 / 5)
     assert metrics["clip_fraction"] == 0.0
     (grad,) = torch.autograd.grad(loss, logprobs)
     assert grad[0, 2].item() == pytest.approx(-1.0 * 1.3 / 5)
     assert grad[1, 1].item() == pytest.approx(0.5 * 0.5 / 5)
+
+
+def test_second_pass_is_clipped_against_the_old_policy_fixed_before_the_first() -> None:
+    # One sequence, A = +1, two trained tokens; the sampler agrees with the learner (weights 1).
+    old = torch.tensor([[0.0, -1.0, -2.0]], dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1]], dtype=torch.float64)
+    advantages = torch.tensor([1.0], dtype=torch.float64)
+    options = {"loss_type": "dapo", "importance_sampling_mode": "token_truncate", "old_logprobs": old}
+    # Pass 1: the learner is still the old policy: ratios 1, loss -1 per token, nothing clipped.
+    first = old.clone().requires_grad_(True)
+    loss, metrics = grpo_loss(first, old, advantages, mask, **options)
+    assert loss.item() == pytest.approx(-1.0)
+    assert metrics["clip_fraction"] == 0.0
+    # Pass 2: the first update moved the tokens' ratios to 1.5 and 1.1 against the fixed old policy.
+    # 1.5 > 1.2 with A > 0 is clipped: loss -1.2, no gradient; 1.1 is inside: loss -1.1, gradient
+    # -1.1 / 2 tokens.
+    second = (old + torch.tensor([[0.0, math.log(1.5), math.log(1.1)]], dtype=torch.float64)).requires_grad_()
+    loss, metrics = grpo_loss(second, old, advantages, mask, **options)
+    assert loss.item() == pytest.approx((-1.2 - 1.1) / 2)
+    assert metrics["clip_fraction"] == pytest.approx(1 / 2)
+    assert metrics["ratio_mean"] == pytest.approx((1.5 + 1.1) / 2)
+    (grad,) = torch.autograd.grad(loss, second)
+    assert grad[0, 1].item() == 0.0
+    assert grad[0, 2].item() == pytest.approx(-1.1 / 2)
+    # The weights stay those of the old policy over the sampler (1 here), not of the moved learner.
+    assert metrics["is_weight_mean"] == 1.0
+    # Against its own detached logprobs (the old behaviour) the second pass would never be clipped.
+    own = second.detach().clone().requires_grad_(True)
+    options["old_logprobs"] = None
+    _, metrics = grpo_loss(own, old, advantages, mask, **options)
+    assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == 1.0
+
+
+# Old-policy over sampler log-ratios on the masked tokens (batch of make_batch's mask):
+#   sequence 0: ratios 2, 2, 0.5 (product 2);   sequence 1: ratios 4, 1.5 (product 6).   Cap 3.
+SAMPLER_RATIOS = [[1.0, 2.0, 2.0, 0.5, 1.0], [1.0, 4.0, 1.5, 1.0, 1.0]]
+MODE_WEIGHTS = {
+    "token_truncate": ([2.0, 2.0, 0.5], [3.0, 1.5], 1 / 5),
+    "token_mask": ([2.0, 2.0, 0.5], [0.0, 1.5], 1 / 5),
+    "sequence_truncate": ([2.0, 2.0, 2.0], [3.0, 3.0], 2 / 5),
+    "sequence_mask": ([2.0, 2.0, 2.0], [0.0, 0.0], 2 / 5),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODE_WEIGHTS))
+def test_importance_sampling_modes_by_hand(mode: str) -> None:
+    _, behavior, advantages, mask = make_batch()
+    old = behavior + torch.tensor(SAMPLER_RATIOS, dtype=torch.float64).log()
+    old[mask == 0] = 7.0  # junk off the mask changes nothing
+    weights = sampler_importance_weights(old, behavior, mask, mode=mode, cap=3.0)
+    first_row, second_row, capped = MODE_WEIGHTS[mode]
+    torch.testing.assert_close(weights.weight[0, 1:4], torch.tensor(first_row, dtype=torch.float64))
+    torch.testing.assert_close(weights.weight[1, 1:3], torch.tensor(second_row, dtype=torch.float64))
+    # First pass (learner == old policy): ratio 1, per-token loss -A * w; dapo over 5 tokens.
+    loss, metrics = grpo_loss(
+        old.clone().requires_grad_(True),
+        behavior,
+        advantages,
+        mask,
+        loss_type="dapo",
+        importance_sampling_mode=mode,
+        importance_sampling_cap=3.0,
+        old_logprobs=old,
+    )
+    assert loss.item() == pytest.approx((-sum(first_row) + 0.5 * sum(second_row)) / 5)
+    assert metrics["is_capped_fraction"] == pytest.approx(capped)
+    if mode.startswith("token"):
+        assert metrics["is_ratio_mean"] == pytest.approx((2 + 2 + 0.5 + 4 + 1.5) / 5)
+        assert metrics["is_ratio_max"] == pytest.approx(4.0)
+    else:
+        assert metrics["is_ratio_mean"] == pytest.approx((3 * 2 + 2 * 6) / 5)
+        assert metrics["is_ratio_max"] == pytest.approx(6.0)
+
+
+def test_importance_sampling_modes_match_the_config_choices() -> None:
+    assert set(IMPORTANCE_SAMPLING_MODES) == set(typing.get_args(ConfigMode))
+    logprobs, behavior, _, mask = make_batch()
+    with pytest.raises(ValueError, match="mode"):
+        sampler_importance_weights(logprobs, behavior, mask, mode="token")  # type: ignore[arg-type]
+
+
+def test_bias_corrected_kl_is_k3_times_the_clipped_ratio() -> None:
+    # One sequence, A = 0 (only the KL term is left), beta 0.1, ref - lp = ln 2 on both trained
+    # tokens: k3 = 2 - ln 2 - 1 = 1 - ln 2. Old policy: the sampler, with ratios 1.5 and 0.9.
+    behavior = torch.tensor([[0.0, -1.0, -2.0]], dtype=torch.float64)
+    logprobs = (
+        behavior + torch.tensor([[0.0, math.log(1.5), math.log(0.9)]], dtype=torch.float64)
+    ).requires_grad_()
+    ref = logprobs.detach() + math.log(2)
+    mask = torch.tensor([[0, 1, 1]], dtype=torch.float64)
+    k3 = 1 - math.log(2)
+    options = {"loss_type": "dapo", "ref_logprobs": ref, "beta": 0.1}
+    zero = torch.tensor([0.0], dtype=torch.float64)
+    plain, metrics = grpo_loss(logprobs, behavior, zero, mask, **options)
+    assert metrics["kl"] == pytest.approx(k3)
+    corrected, corrected_metrics = grpo_loss(
+        logprobs, behavior, zero, mask, use_bias_correction_kl=True, **options
+    )
+    # k3 * ratio per token: mean k3 * (1.5 + 0.9) / 2
+    assert corrected_metrics["kl"] == pytest.approx(k3 * 1.2)
+    assert corrected.item() == pytest.approx(0.1 * k3 * 1.2)
+    assert plain.item() == pytest.approx(0.1 * k3)
+    # d k3 / d lp = -(e^(ref - lp) - 1) = -1; d ratio / d lp = ratio. So d(k3 * r)/d lp = r (k3 - 1).
+    (grad,) = torch.autograd.grad(corrected, logprobs)
+    assert grad[0, 1].item() == pytest.approx(0.1 * 1.5 * (k3 - 1) / 2)
+    assert grad[0, 2].item() == pytest.approx(0.1 * 0.9 * (k3 - 1) / 2)
+    (plain_grad,) = torch.autograd.grad(plain, logprobs)
+    assert plain_grad[0, 1].item() == pytest.approx(0.1 * -1 / 2)
 
 
 def test_entropy_is_reported_as_a_masked_mean() -> None:
@@ -311,9 +446,11 @@ def test_gradient_through_a_tiny_model_matches_finite_differences(options: dict)
     torch.testing.assert_close(analytic, central_differences(loss_of, weight0), atol=1e-7, rtol=1e-5)
 
 
-def test_truncated_importance_gradient_is_the_weighted_policy_gradient() -> None:
-    # With tis_cap the loss value is a surrogate (its ratio is against detached logprobs); its gradient
-    # must equal that of the weighted objective with the old policy frozen at `start`:
+@pytest.mark.parametrize("fixed_old", [False, True], ids=["own-detached", "old-logprobs"])
+def test_truncated_importance_gradient_is_the_weighted_policy_gradient(fixed_old: bool) -> None:
+    # With an importance-sampling mode the loss value is a surrogate (its ratio is against the old
+    # policy `start`: given, or this pass's detached logprobs, the same value here); its gradient must
+    # equal that of the weighted objective with the old policy frozen at `start`:
     #   mean over sequences of mean over tokens of -A * min(exp(start - behavior), cap) * exp(lp - start)
     weight0, logprobs_of, start, behavior, mask, advantages = tiny_model_problem()
     weights = torch.clamp(torch.exp(start - behavior), max=1.3)
@@ -323,6 +460,14 @@ def test_truncated_importance_gradient_is_the_weighted_policy_gradient() -> None
         return (per_token.sum(-1) / mask.sum(-1)).mean()
 
     weight = weight0.clone().requires_grad_(True)
-    loss, _ = grpo_loss(logprobs_of(weight), behavior, advantages, mask, tis_cap=1.3)
+    loss, _ = grpo_loss(
+        logprobs_of(weight),
+        behavior,
+        advantages,
+        mask,
+        importance_sampling_mode="token_truncate",
+        importance_sampling_cap=1.3,
+        old_logprobs=start if fixed_old else None,
+    )
     (analytic,) = torch.autograd.grad(loss, weight)
     torch.testing.assert_close(analytic, central_differences(frozen_objective, weight0), atol=1e-7, rtol=1e-5)

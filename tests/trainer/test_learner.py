@@ -139,6 +139,34 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
     assert all(torch.allclose(a[name], b[name], atol=1e-5) for name in a)
 
 
+def test_old_logprobs_fix_the_clipped_ratio_for_every_pass(tiny_model_dir: Path) -> None:
+    correction = {"vllm_importance_sampling_correction": True, "learning_rate": 0.3}
+    fixed, own = _learner(tiny_model_dir, **correction), _learner(tiny_model_dir, **correction)
+    fixed.micro_batch_tokens = own.micro_batch_tokens = 40  # old logprobs split like the passes
+    sequences = _sequences(fixed, [1.0, -1.0, 0.5, -0.5])
+    old = fixed.old_logprobs(sequences)
+    assert [len(row) for row in old] == [len(sequence) for sequence in sequences]
+    # Pass 1: the no-grad old logprobs are this pass's logprobs bit for bit (no dropout), so the step
+    # is the one its own detached logprobs give.
+    first, own_first = (
+        fixed.train_step(sequences, seed=0, old_logprobs=old),
+        own.train_step(sequences, seed=0),
+    )
+    assert first.metrics["micro_batches"] > 1
+    assert first.metrics["ratio_mean"] == 1.0 and first.metrics["clip_fraction"] == 0.0
+    assert first.metrics == own_first.metrics
+    # Pass 2 (a large step later): clipped against the fixed old policy, never against its own.
+    second, own_second = (
+        fixed.train_step(sequences, seed=1, old_logprobs=old),
+        own.train_step(sequences, seed=1),
+    )
+    assert second.metrics["clip_fraction"] > 0.0 and second.metrics["ratio_mean"] != 1.0
+    assert own_second.metrics["clip_fraction"] == 0.0
+    # The sampler-to-learner weights are those of the old policy: the same on both passes.
+    assert second.metrics["is_weight_mean"] == pytest.approx(first.metrics["is_weight_mean"], rel=1e-6)
+    assert second.metrics["is_ratio_max"] == pytest.approx(first.metrics["is_ratio_max"], rel=1e-6)
+
+
 def test_saved_adapter_restores_into_a_fresh_learner(tiny_model_dir: Path, tmp_path: Path) -> None:
     learner = _learner(tiny_model_dir)
     learner.train_step(_sequences(learner, [1.0, -1.0]))

@@ -98,3 +98,27 @@ def test_failed_rollouts_are_dropped_and_counted_by_cause(tiny_model_dir: Path, 
     assert record["update"]["applied"] is True and record["update"]["sequences"] <= 8
     assert record["time_s"]["rollout"] < timeout_s + 2.0
     assert summary.adapter_version == 1
+
+
+def test_later_passes_are_clipped_against_the_batch_old_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Two passes per batch with the sampler/learner correction: the old policy is the learner's
+    # logprobs taken once before the first pass, so the first pass's ratio is exactly 1 and the
+    # second pass (after a large step) leaves the band; against its own logprobs it never would.
+    fields = {
+        "max_steps": 1,
+        "num_iterations": 2,
+        "vllm_importance_sampling_correction": True,
+        "learning_rate": 0.3,
+        "eval_on_start": False,
+        "eval_on_end": False,
+    }
+    with serving(app) as agent_url:
+        config = load_config(write_run_files(tmp_path, tiny_model_dir, agent_url, **fields))
+        train(config)
+    (record,) = [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
+    update = record["update"]
+    assert update["applied"] is True
+    assert update["ratio_mean"] == 1.0 and update["clip_fraction"] == 0.0
+    assert update["clip_fraction_last"] > 0.0
+    assert update["is_ratio_max"] >= update["is_ratio_mean"] > 0.0
+    assert 0.0 <= update["is_capped_fraction"] <= 1.0 and update["is_weight_mean"] > 0.0
