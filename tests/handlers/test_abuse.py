@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from handlers import RolloutContext, rft_app
 from handlers.protocol import RolloutPayload
-from handlers.smoke_endpoint import serve_in_thread
+from handlers.serving import serve_in_thread
 
 JOB = "arn:aws:sagemaker:us-west-2:111122223333:training-job/abuse"
 
