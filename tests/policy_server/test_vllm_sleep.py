@@ -8,13 +8,22 @@ checks the request sequence against a small recording HTTP server standing in fo
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from policy_server.engines.vllm import VLLMEngine, VLLMEngineError
+from policy_server.engines.vllm import LORA_METRIC, VLLMEngine, VLLMEngineError
+
+# What an attached vLLM started with LoRA answers to the engine's start-up check (its served name,
+# the LoRA metric, an unknown adapter's unload): the same as the real server, and not recorded.
+_ATTACH_CHECK = {
+    "/v1/models": (200, json.dumps({"data": [{"id": "policy"}]}).encode()),
+    "/metrics": (200, LORA_METRIC.encode()),
+    "/v1/unload_lora_adapter": (404, b'{"message": "The lora adapter rftkit-probe cannot be found."}'),
+}
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -22,10 +31,15 @@ class _Recorder(BaseHTTPRequestHandler):
     dev_mode = True
 
     def _answer(self) -> None:
+        if self.path in _ATTACH_CHECK:
+            self._send(*_ATTACH_CHECK[self.path])
+            return
         self.seen.append(f"{self.command} {self.path}")
         ok = self.path == "/health" or self.dev_mode
-        body = b"{}" if ok else b'{"detail": "Not Found"}'
-        self.send_response(200 if ok else 404)
+        self._send(200 if ok else 404, b"{}" if ok else b'{"detail": "Not Found"}')
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
