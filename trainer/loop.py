@@ -35,6 +35,7 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.image_store import ImageStore
 from policy_server.jobs import Rejection
 from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
@@ -210,13 +211,15 @@ def sagemaker_token_policy(config: PolicyServerConfig) -> SageMakerTokenPolicy |
 class _Session:
     """The policy server, the fan-out and one job: plays rollouts and hands back their traces."""
 
-    def __init__(self, config: TrainConfig, engine: Engine) -> None:
+    def __init__(self, config: TrainConfig, engine: Engine, images: ImageStore) -> None:
         self.config = config
         self.server = PolicyServer(
             engine,
             policy_name=config.policy_name,
             api_key=config.policy_server.api_key,
             sagemaker_tokens=sagemaker_token_policy(config.policy_server),
+            image_limits=config.policy_server.image_limits(),
+            image_store=images,
         )
         self.thread = ServerThread(
             self.server, host=config.policy_server.host, port=config.policy_server.port
@@ -302,7 +305,14 @@ class _Session:
         return played
 
     def play_outcomes(self, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
-        return [rollout.outcome for rollout in self.play(requests)]
+        played = self.play(requests)
+        self.release(played)
+        return [rollout.outcome for rollout in played]
+
+    def release(self, played: list[PlayedRollout]) -> None:
+        """Done with these rollouts' traces: their images leave the run's image store."""
+        for rollout in played:
+            self.server.release_trace(rollout.trace)
 
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
@@ -541,7 +551,9 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
 
     # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
     placement = preflight(config, model_dir)
-    learner = Learner(model_dir, config, placement=placement)
+    # Images of the calls being trained on, once each, until the update is done with their traces.
+    images = ImageStore(run_dir / "images")
+    learner = Learner(model_dir, config, placement=placement, image_store=images)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
@@ -561,7 +573,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
-    session = _Session(config, build_engine(config, model_dir, placement))
+    session = _Session(config, build_engine(config, model_dir, placement), images)
     metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
     return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
@@ -626,6 +638,7 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
 
     batch = _collect(config, played, len(picked))
     update = _update(run, step, batch)
+    run.session.release(played)
     adapter_load_s = _publish(run, step, update.applied)
     state.step = step
     last = step == config.max_steps
