@@ -245,6 +245,7 @@ class PolicyServer:
             generation.seed = call_seed(generation.seed, ticket.call_number)
         version = self._versions.acquire()
         generation.adapter_version = version
+        generation.rollout_id = rollout_id
         self.metrics.calls_in_flight.inc()
         try:
             result = await self.engine.generate(generation)

@@ -23,6 +23,9 @@ class GenerationRequest:
     adapter_version: int = 0
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The rollout this call belongs to: an engine with several replicas keeps a rollout's calls on
+    # one replica, whose prefix cache then holds the conversation so far.
+    rollout_id: str | None = None
 
 
 @dataclass
