@@ -295,6 +295,12 @@ class RayConfig(_Section):
         "vllm.tensor_parallel_size with the vllm engine (each replica's vLLM server spans that many "
         "GPUs: tensor parallel size is vllm.tensor_parallel_size), 0 with the hf engine.",
     )
+    replica_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each replica needs, to pin replicas to a node group (e.g. "
+        "{inference: 1} with KubeRay's inference workers started with that resource; "
+        "deploy/kuberay/raycluster.yaml).",
+    )
     max_restarts: int = Field(
         default=3,
         ge=-1,

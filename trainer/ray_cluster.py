@@ -60,6 +60,7 @@ def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = N
         replicas=settings.inference_replicas,
         num_cpus=settings.replica_num_cpus,
         num_gpus=num_gpus,
+        resources=settings.replica_resources,
         max_restarts=settings.max_restarts,
         adapter_transfer=settings.adapter_transfer,
         recovery_timeout_s=settings.recovery_timeout_s,

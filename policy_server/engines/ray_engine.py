@@ -59,6 +59,7 @@ class RayEngine:
         replicas: int = 2,
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
+        resources: dict[str, float] | None = None,
         max_restarts: int = 3,
         adapter_transfer: AdapterTransfer = "object_store",
         recovery_timeout_s: float = 300.0,
@@ -69,7 +70,12 @@ class RayEngine:
         self.model_name = model_name
         self.name_prefix = name_prefix
         self._build_engine = build_engine
-        self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": max_restarts}
+        self._options: dict[str, Any] = {
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "resources": dict(resources or {}),
+            "max_restarts": max_restarts,
+        }
         self.replica_count = replicas
         self.adapter_transfer = adapter_transfer
         self.recovery_timeout_s = recovery_timeout_s
@@ -187,6 +193,8 @@ class RayEngine:
             await self.replicas[index].load_adapter.remote(version, source)
         except RayActorError as error:
             self._lost(index, error)  # the replica loads it when it rejoins
+        except RayTaskError as error:
+            raise _unwrapped(error) from None
 
     def _lost(self, index: int, error: BaseException) -> None:
         """Take a dead replica out of routing and watch for Ray to bring it back."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -59,6 +60,12 @@ class Replica:
         if version in self._adapters:
             return
         if isinstance(source, str):
+            if not (Path(source) / "adapter_config.json").is_file():
+                raise ValueError(
+                    f"the adapter directory {source} is not visible on this replica's node "
+                    f"({socket.gethostname()}): with ray.adapter_transfer 'shared_path' every node must "
+                    "mount the run directory; use 'object_store' otherwise"
+                )
             await engine.load_adapter(version, source)
         else:
             # The engine reads the files while loading and keeps the weights in memory: the copy on
