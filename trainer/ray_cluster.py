@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from policy_server.engines.base import Engine
 from trainer.config import RayConfig, TrainConfig
@@ -33,7 +34,7 @@ def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
     started = False
     if not ray.is_initialized():
         if settings.address == "local":
-            ray.init(num_cpus=settings.local_num_cpus, include_dashboard=False)
+            start_local_cluster(settings.local_num_cpus)
             started = True
         else:
             ray.init(address=settings.address)
@@ -42,6 +43,25 @@ def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
         yield
     finally:
         if started:
+            ray.shutdown()
+
+
+def start_local_cluster(num_cpus: int | None, **options: Any) -> None:
+    """``ray.init`` of a cluster in this process, tried twice.
+
+    Ray gives its raylet a fixed 30 s to register with the GCS; a machine whose cores are all busy
+    can miss that window once ("The current node timed out during startup").
+    """
+    import ray
+
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+            return
+        except Exception as error:
+            if attempt == 2 or "timed out during startup" not in str(error):
+                raise
+            log.warning("the local Ray cluster did not start in time (%s); trying once more", error)
             ray.shutdown()
 
 

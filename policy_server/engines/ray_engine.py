@@ -134,8 +134,8 @@ class RayEngine:
     async def load_adapter(self, version: int, path: str) -> None:
         """Load ``version`` into every live replica; returns when all of them hold it."""
         if self.adapter_transfer == "object_store":
-            files = await asyncio.to_thread(read_adapter, path)
-            self._adapters[version] = ray.put(files)
+            # Reading and putting a large adapter takes a while: off the gateway's event loop.
+            self._adapters[version] = await asyncio.to_thread(lambda: ray.put(read_adapter(path)))
         else:
             if not (Path(path) / "adapter_config.json").is_file():
                 raise ValueError(f"{path} is not a peft adapter directory (no adapter_config.json in it)")

@@ -27,14 +27,14 @@ from tests.trainer.agent_apps import letters
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config, validate_config
 from trainer.loop import train
-from trainer.ray_cluster import ray_engine
+from trainer.ray_cluster import ray_engine, start_local_cluster
 
 JOB = "job-ray"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    start_local_cluster(4, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -118,8 +118,11 @@ def test_adapter_reaches_every_replica_before_it_is_current(
     assert results[0].completion_logprobs == results[1].completion_logprobs
 
 
-def test_a_replica_killed_mid_call_fails_over_and_comes_back_with_the_adapter(served: Any) -> None:
+def test_a_replica_killed_mid_call_fails_over_and_comes_back_with_the_adapter(
+    served: Any, random_adapter: Callable[..., Path], tmp_path: Path
+) -> None:
     server, thread, engine = served
+    next_adapter = random_adapter(tmp_path / "next", seed=6)
     rollouts = [f"kill-{index}" for index in range(8)]
     for rollout in rollouts:
         server.open_rollout(JOB, rollout)
@@ -148,7 +151,11 @@ def test_a_replica_killed_mid_call_fails_over_and_comes_back_with_the_adapter(se
     assert "replica 0" in engine.events.errors[-1]
     for rollout in rollouts:
         assert len(server.take_trace(JOB, rollout).calls) == 1  # recorded once, not per try
-    # Ray restarts the actor; it rejoins only after loading the current adapter version.
+    # A version loaded while replica 0 is down is current once the live replica holds it ...
+    assert 0 not in engine.live
+    version = thread.run(server.load_adapter(next_adapter))
+    assert server.current_adapter_version == version
+    # ... and Ray restarts the actor, which rejoins only after loading the versions in use.
     deadline = time.monotonic() + 60
     while 0 not in engine.live and time.monotonic() < deadline:
         time.sleep(0.2)
