@@ -86,3 +86,13 @@ def test_kuberay_files_agree_with_the_config() -> None:
     (service,) = [doc for doc in documents if doc["kind"] == "Service"]
     assert service["spec"]["selector"]["ray.io/group"] == "learner"
     assert service["spec"]["ports"][0]["targetPort"] == config.policy_server.port
+
+
+def test_more_than_one_learner_worker_is_refused_with_a_sentence(tmp_path: Path) -> None:
+    from trainer.loop import TrainingError, train
+
+    config = validate_config({**BASE, "output_dir": str(tmp_path / "run"), "ray": {"learner_workers": 2}})
+    with pytest.raises(
+        TrainingError, match="ray.learner_workers is 2: this build trains in the trainer's process"
+    ):
+        train(config)
