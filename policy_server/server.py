@@ -291,6 +291,7 @@ class PolicyServer:
             generation.seed = call_seed(generation.seed, ticket.call_number)
         version = self._versions.acquire()
         generation.adapter_version = version
+        generation.rollout_id = rollout_id
         self.metrics.calls_in_flight.inc()
         try:
             result = await self.engine.generate(generation)
@@ -335,8 +336,11 @@ class PolicyServer:
         """Each image's place in the prompt; the bytes go to the store once per distinct image."""
         if not images:
             return []
+        image_token_id = getattr(self.engine, "image_token_id", None)
+        if image_token_id is None:
+            raise EngineError("The engine took images but names no image placeholder token (image_token_id).")
         try:
-            refs = locate_images(prompt_ids, self.engine.image_token_id, images)
+            refs = locate_images(prompt_ids, image_token_id, images)
         except ValueError as error:
             raise EngineError(f"The engine's prompt does not carry this call's images: {error}.") from error
         key = trace_key(job_arn, rollout_id)

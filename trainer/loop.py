@@ -25,6 +25,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,13 @@ def next_rows(
 
 
 def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
+    if config.ray is not None:
+        from trainer.ray_cluster import ray_engine
+
+        # Named after the run, so `ray list actors` shows whose replicas these are.
+        return ray_engine(
+            config, model_dir, name_prefix=f"rftkit-{config.output_dir.name}-{uuid.uuid4().hex[:8]}"
+        )
     if config.engine == "vllm":
         vllm = config.vllm
         return VLLMEngine(
@@ -454,6 +462,15 @@ def _add_log_file(run_dir: Path) -> logging.Handler:
     return handler
 
 
+def _ray_cluster(config: TrainConfig) -> AbstractContextManager[None]:
+    """Connected to the config's Ray cluster for the run; nothing (and no import of Ray) without one."""
+    if config.ray is None:
+        return nullcontext()
+    from trainer.ray_cluster import ray_cluster
+
+    return ray_cluster(config.ray)
+
+
 def _totals(history: list[dict[str, Any]]) -> dict[str, int]:
     last = history[-1]["tokens"] if history else {}
     return {key: int(last.get(f"{key}_total", 0)) for key in ("prefill", "sample", "train")}
@@ -467,7 +484,13 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = _add_log_file(config.output_dir)
     try:
-        return _train(config, resume)
+        if config.ray is not None and config.ray.learner_workers != 1:
+            raise TrainingError(
+                f"ray.learner_workers is {config.ray.learner_workers}: this build trains in the "
+                "trainer's process only; set ray.learner_workers: 1"
+            )
+        with _ray_cluster(config):
+            return _train(config, resume)
     finally:
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
@@ -650,6 +673,9 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     record = _step_record(config, played, batch, _count_tokens(run, update), run.totals, rollout_s)
     record["update"] = {"applied": update.applied, **update.metrics}
     record["adapter_version"] = state.adapter_version
+    replica_stats = getattr(run.session.server.engine, "replica_stats", None)
+    if replica_stats is not None:  # inference replicas on Ray: calls per replica, failovers, restarts
+        record["replicas"] = replica_stats()
     if evaluation is not None:
         record["eval"] = evaluation.as_dict()
     record["time_s"] = {

@@ -36,6 +36,9 @@ class GenerationRequest:
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     images: list[ImageInput] = field(default_factory=list)
+    # The rollout this call belongs to: an engine with several replicas keeps a rollout's calls on
+    # one replica, whose prefix cache then holds the conversation so far.
+    rollout_id: str | None = None
 
 
 @dataclass

@@ -281,8 +281,8 @@ class HFEngine:
             next_position=len(prompt_ids),
         )
         if self._vision is not None:
-            row.positions = await asyncio.to_thread(self._positions, prompt_ids, pixels)
-            row.next_position = int(row.positions.max()) + 1
+            positions = await asyncio.to_thread(self._positions, prompt_ids, pixels)
+            row.positions, row.next_position = positions, int(positions.max()) + 1
         with self._condition:
             if self._closing:
                 raise RuntimeError("the hf engine is closing")

@@ -1,0 +1,31 @@
+"""A peft adapter directory as bytes and back: what travels through Ray's object store to replicas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+AdapterFiles = dict[str, bytes]  # relative path -> contents
+
+
+def read_adapter(directory: str | Path) -> AdapterFiles:
+    """Every file under ``directory`` (a peft adapter: adapter_config.json and its weights)."""
+    root = Path(directory)
+    if not (root / "adapter_config.json").is_file():
+        raise ValueError(f"{root} is not a peft adapter directory (no adapter_config.json in it)")
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def write_adapter(files: AdapterFiles, directory: str | Path) -> Path:
+    """Write ``files`` under ``directory`` (created); refuses paths that would leave it."""
+    root = Path(directory).resolve()
+    for name, data in files.items():
+        target = (root / name).resolve()
+        if not target.is_relative_to(root):
+            raise ValueError(f"adapter file name {name!r} leads outside the adapter directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return root
