@@ -33,7 +33,7 @@ VIDEO = "video_processor"
 
 def _torchvision_missing() -> bool:
     try:
-        import torchvision  # noqa: F401
+        importlib.import_module("torchvision")
     except Exception:  # any failure: missing, or a wheel built for another torch
         return True
     return False
@@ -71,7 +71,7 @@ def _processors_without_video() -> None:
     from transformers import processing_utils
 
     mixin = processing_utils.ProcessorMixin
-    attributes = mixin.get_attributes.__func__  # type: ignore[attr-defined]
+    attributes = mixin.get_attributes.__func__
     check = mixin.check_argument_for_proper_class
     init = mixin.__init__
 
@@ -87,9 +87,9 @@ def _processors_without_video() -> None:
         if VIDEO in attributes(type(self)) and not hasattr(self, VIDEO):
             type(self).video_processor = _NoVideoProcessor()
 
-    mixin.get_attributes = classmethod(get_attributes)  # type: ignore[method-assign,assignment]
-    mixin.check_argument_for_proper_class = check_argument  # type: ignore[method-assign]
-    mixin.__init__ = init_without_video  # type: ignore[method-assign]
+    mixin.get_attributes = classmethod(get_attributes)
+    mixin.check_argument_for_proper_class = check_argument
+    mixin.__init__ = init_without_video
 
 
 def _has_pil_image_processing() -> bool:
