@@ -137,51 +137,85 @@ def test_strands_images_reach_vllm_and_the_learner_recomputes_its_logprobs(
     server.release_trace(trace)
 
 
+def _episode(thread: ServerThread, rollout_id: str, colors: list[tuple[int, int, int]]) -> None:
+    """A maze-like episode: the first observation in the user message, later ones in tool results."""
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Reach the goal."}, image_part(image_bytes(colors[0]))],
+        }
+    ]
+    for turn, color in enumerate([*colors[1:], None]):
+        body = {"model": "default", "messages": messages, "seed": turn, "temperature": 1.0}
+        reply = httpx.post(
+            f"{thread.url}/v1/chat/completions", json=body, headers=_headers(rollout_id), timeout=120
+        )
+        assert reply.status_code == 200, reply.text
+        if color is None:
+            return
+        messages.append(
+            {"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"] or ""}
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": [image_part(image_bytes(color))]}
+        )
+
+
+def _matches_sampler(learner: Any, sequences: list[Any]) -> None:
+    for sequence, logprobs in zip(sequences, learner.old_logprobs(sequences), strict=True):
+        mask = torch.tensor(sequence.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(
+            logprobs[mask], torch.tensor(sequence.behavior_logprobs)[mask], atol=1e-3, rtol=0
+        )
+
+
 @pytest.mark.vllm
-def test_a_hot_loaded_adapter_serves_images_with_the_learners_logprobs(
+def test_a_grpo_step_on_vllm_image_episodes_is_hot_loaded_into_vllm(
     served: tuple[PolicyServer, ServerThread], tiny_vision_dir: Path, tmp_path: Path
 ) -> None:
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    from policy_server.vision_inputs import load_model
+    """vLLM samples two image episodes; the learner matches its logprobs, takes one GRPO step on the
+    language model's LoRA, and vLLM serves the new adapter with the learner's numbers."""
+    from trainer.config import TrainConfig
+    from trainer.learner import Learner
+    from trainer.sequences import build_sequences
 
     server, thread = served
-    torch.manual_seed(5)
-    # LoRA on the language model only (the vision tower frozen), random B so the adapter matters.
-    peft_model = get_peft_model(
-        load_model(tiny_vision_dir, dtype=torch.float32),
-        LoraConfig(
-            r=LORA_RANK,
-            lora_alpha=2 * LORA_RANK,
-            target_modules=r".*language_model.*\.(q_proj|v_proj|o_proj|down_proj)",
-        ),
+    red, blue, green = (200, 0, 0), (0, 0, 200), (0, 160, 0)
+    _episode(thread, "a", [red, blue])
+    _episode(thread, "b", [green, red])
+    traces = [server.take_trace(JOB, rollout) for rollout in ("a", "b")]
+    better, worse = build_sequences(traces[0]), build_sequences(traces[1])
+    for sequence in better:
+        sequence.advantage = 1.0
+    for sequence in worse:
+        sequence.advantage = -1.0
+    sequences = better + worse
+    assert sum(len(sequence.images) for sequence in sequences) >= 4
+    config = TrainConfig.model_validate(
+        {
+            "learning_rate": 5e-2,
+            "max_steps": 4,
+            "loss_type": "grpo",
+            "lora": {"r": LORA_RANK, "lora_alpha": 2 * LORA_RANK},
+        }
     )
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.3)
-    peft_model.save_pretrained(tmp_path / "adapter")
-    version = thread.run(server.load_adapter(tmp_path / "adapter"))
-    body = {
-        "model": "default",
-        "messages": [{"role": "user", "content": [image_part(RED), image_part(BLUE)]}],
-    }
-    response = httpx.post(
-        f"{thread.url}/v1/chat/completions", json=body, headers=_headers("lora"), timeout=120
-    )
-    assert response.status_code == 200, response.text
-    trace = server.take_trace(JOB, "lora")
-    (call,) = trace.calls
-    assert call.adapter_version == version == 1
-    adapted = PeftModel.from_pretrained(
-        load_model(tiny_vision_dir, dtype=torch.float32), tmp_path / "adapter"
-    ).eval()
-    learner = _teacher_forced(adapted, server, tiny_vision_dir, call)
-    torch.testing.assert_close(learner, torch.tensor(call.completion_logprobs), atol=1e-3, rtol=0)
-    with adapted.disable_adapter():
-        base = _teacher_forced(adapted, server, tiny_vision_dir, call)
-    assert (base - learner).abs().max() > 1e-2  # the adapter changed what vLLM sampled with
-    server.release_trace(trace)
+    learner = Learner(tiny_vision_dir, config, image_store=server.image_store)
+    _matches_sampler(learner, sequences)
+    old = learner.old_logprobs(sequences)
+    before = {name: p.detach().clone() for name, p in learner.model.named_parameters()}
+    assert not learner.train_step(sequences, seed=0).skipped
+    changed = {name for name, p in learner.model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and all("lora_" in name and "language_model" in name for name in changed)
+    assert not torch.allclose(learner.old_logprobs(sequences)[0], old[0])
+
+    version = thread.run(server.load_adapter(learner.save_adapter(tmp_path / "adapter")))
+    _episode(thread, "c", [red, blue])
+    trace = server.take_trace(JOB, "c")
+    assert {call.adapter_version for call in trace.calls} == {version} == {1}
+    _matches_sampler(learner, build_sequences(trace))
+    for done in [*traces, trace]:
+        server.release_trace(done)
+    assert len(server.image_store) == 0
 
 
 def _vllm_prompt_tokens(engine: VLLMEngine) -> float:
@@ -239,6 +273,14 @@ def test_a_vision_model_starts_vllm_with_the_gateways_image_limit(
     command = vision.command(8000)
     assert command[command.index("--limit-mm-per-prompt") + 1] == '{"image": 3, "video": 0}'
     assert vision.command_env()["PYTHONPATH"].split(":")[0] == str(VLLM_SITE_DIR)
+    # `rft serve --engine vllm` hands its --max-images-per-call to vLLM.
+    from policy_server.cli import _engine, _parser
+
+    args = ["--model", str(tiny_vision_dir), "--engine", "vllm", "--vllm-python", "python"]
+    served = _engine(_parser().parse_args([*args, "--max-images-per-call", "2"]))
+    assert isinstance(served, VLLMEngine)
+    command = served.command(8000)
+    assert command[command.index("--limit-mm-per-prompt") + 1] == '{"image": 2, "video": 0}'
     text = VLLMEngine(tiny_model_dir, python="python", image_limits=LIMITS)
     assert not text.supports_images and text.image_token_id is None
     assert "--limit-mm-per-prompt" not in text.command(8000) and "PYTHONPATH" not in text.command_env()
