@@ -24,7 +24,9 @@ def test_the_shipped_template_is_the_tiny_models_own(tiny_model_dir: Path) -> No
 
 
 def test_an_unknown_template_names_the_shipped_ones(tmp_path: Path) -> None:
-    with pytest.raises(ChatTemplateError, match="neither a shipped template \\(chatml-tools\\)"):
+    with pytest.raises(
+        ChatTemplateError, match="neither a shipped template \\(chatml-tools, chatml-tools-vision\\)"
+    ):
         chat_template_path("chatml-tool")
     with pytest.raises(ChatTemplateError, match="nor a readable file"):
         HFEngine(tmp_path, chat_template=str(tmp_path / "missing.jinja"))
