@@ -308,6 +308,43 @@ class PolicyServerConfig(_Section):
         return value.rstrip("/") if value else value
 
 
+class RayConfig(_Section):
+    """Scale out on Ray (the optional extra rftkit[ray]); unset: one process, Ray never imported."""
+
+    address: str = Field(
+        default="local",
+        description="The Ray cluster: 'local' starts one in this process (tests, demos), 'auto' joins "
+        "the cluster this machine belongs to, 'ray://host:port' a remote one through Ray Client.",
+    )
+    learner_workers: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel learner workers, each a Ray actor holding the model and LoRA on one "
+        "device (one GPU each on CUDA): a step's micro-batches are shared out and the LoRA gradients "
+        "all-reduced (torch.distributed: NCCL on CUDA, gloo on CPU), so any count trains the same "
+        "adapter as one.",
+    )
+    learner_num_cpus: float = Field(
+        default=1.0,
+        ge=0,
+        description="Logical CPUs Ray reserves for each learner worker (CUDA workers also take one GPU).",
+    )
+    max_learner_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Auto-resume: how many times a run whose learner worker died restarts from its "
+        "newest checkpoint (or from the start, before the first one) before it stops with an error "
+        "naming the worker and how often it died.",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value not in ("local", "auto") and not value.startswith("ray://"):
+            raise ValueError(f"{value!r} is not a Ray address: use local, auto or ray://host:port")
+        return value
+
+
 class TokenPrices(_Section):
     """Dollars per million tokens in the SageMaker cost model's three buckets (defaults: its demo)."""
 
@@ -358,6 +395,10 @@ class TrainConfig(_Section):
     )
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="The GPUs of this node, for the memory plan."
+    )
+    ray: RayConfig | None = Field(
+        default=None,
+        description="Run on a Ray cluster (learner workers as Ray actors); unset: all in this process.",
     )
 
     # --- data and agents
@@ -699,10 +740,10 @@ def _describe(error: ValidationError) -> str:
 def _suggestion(location: tuple[int | str, ...]) -> str:
     model: type[BaseModel] = TrainConfig
     for part in location[:-1]:
-        annotation = model.model_fields[str(part)].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        section = _section_model(model.model_fields[str(part)].annotation)
+        if section is None:
             return ""
-        model = annotation
+        model = section
     close = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -733,17 +774,27 @@ def render_markdown() -> str:
     ]
     out += _section_table("Top level", TrainConfig, "")
     for name, field in TrainConfig.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out += _section_table(f"`{name}`: {annotation.__doc__ or ''}".strip(), annotation, f"{name}.")
+        section = _section_model(field.annotation)
+        if section is not None:
+            out += _section_table(f"`{name}`: {section.__doc__ or ''}".strip(), section, f"{name}.")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a field (``X`` or ``X | None``), or None for a plain value."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        annotation = models[0] if len(models) == 1 else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
 
 
 def _section_table(title: str, model: type[BaseModel], prefix: str) -> list[str]:
     rows = [f"## {title}", "", "| field | type | default | description |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _section_model(annotation) is not None:
             continue
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | {_type_name(annotation)} | {_default(field)} | {description} |")

@@ -457,7 +457,12 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = _add_log_file(config.output_dir)
     try:
-        return _train(config, resume)
+        if config.ray is None:
+            return _train(config, resume)
+        # Learner workers on Ray: a run whose worker dies restarts from its newest checkpoint.
+        from trainer.distributed import train_with_auto_resume
+
+        return train_with_auto_resume(config, resume, _train)
     finally:
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
@@ -541,7 +546,12 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
 
     # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
     placement = preflight(config, model_dir)
-    learner = Learner(model_dir, config, placement=placement)
+    if config.ray is None:
+        learner = Learner(model_dir, config, placement=placement)
+    else:
+        from trainer.distributed import RayLearner
+
+        learner = RayLearner(model_dir, config, placement=placement)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
