@@ -209,7 +209,7 @@ class RayLearner:
         world = settings.learner_workers
         self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]
         actor = ray.remote(LearnerWorker)
-        self.workers = [
+        self.workers: list[Any] = [  # Ray actor handles
             actor.options(
                 name=name, num_cpus=settings.learner_num_cpus, num_gpus=1 if cuda else 0, max_restarts=0
             ).remote(str(model_dir), config, placed, rank, world)
@@ -274,8 +274,8 @@ class RayLearner:
             try:
                 results[rank_of[ready[0]]] = ray.get(ready[0])
             except Exception as error:
-                died = error if isinstance(error, RayActorError) else None
                 rank = rank_of[ready[0]]
+                died: Exception | None = error if isinstance(error, RayActorError) else None
                 if died is None:
                     rank, died = self._first_death(pending, rank_of) or (rank, None)
                 self.close()

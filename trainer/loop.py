@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,6 +62,9 @@ from trainer.placement import Placement, cuda_visible_devices
 from trainer.plan import preflight
 from trainer.prometheus import StepExporter
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
+
+if TYPE_CHECKING:
+    from trainer.distributed import RayLearner
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +427,7 @@ def _step_record(
     }
 
 
-def _save_version(learner: Learner, run_dir: Path, version: int) -> Path:
+def _save_version(learner: Learner | RayLearner, run_dir: Path, version: int) -> Path:
     """A fresh directory per adapter version; older ones beyond ADAPTERS_KEPT are removed."""
     adapters = run_dir / "adapters"
     directory = adapters / f"v{version}"
@@ -475,7 +478,7 @@ class _Run:
     config: TrainConfig
     train_rows: list[Any]
     eval_rows: list[Any]
-    learner: Learner
+    learner: Learner | RayLearner
     state: RunState
     resumed_from: Path | None
     metrics: MetricsLogger
@@ -546,6 +549,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
 
     # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
     placement = preflight(config, model_dir)
+    learner: Learner | RayLearner
     if config.ray is None:
         learner = Learner(model_dir, config, placement=placement)
     else:

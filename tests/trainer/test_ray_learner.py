@@ -19,10 +19,10 @@ import torch
 from tests.trainer.agent_apps.letters import app
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import RayConfig, TrainConfig, load_config
-from trainer.distributed import ACTOR_PREFIX, RayLearner, connect
+from trainer.distributed import ACTOR_PREFIX, RayLearner, connect, train_with_auto_resume
 from trainer.grpo import token_logprobs
 from trainer.learner import Learner
-from trainer.loop import LOG_FILE, TrainingError, train
+from trainer.loop import LOG_FILE, RunSummary, TrainingError, train
 from trainer.sequences import TrainingSequence
 
 ray = pytest.importorskip("ray", reason="the ray extra (pip install rftkit[ray]) is not installed")
@@ -93,7 +93,7 @@ def test_one_and_two_workers_end_with_the_adapter_of_one_process(
     tiny_model_dir: Path, ray_cluster: None
 ) -> None:
     local = Learner(tiny_model_dir, _config(1))
-    sequences = _sequences(local, 8)
+    sequences = _sequences(local, 6)
     expected = _two_steps(local, sequences)
     assert expected[0]["micro_batches"] > 2  # shared unevenly by two workers
     for workers in (1, 2):
@@ -177,10 +177,24 @@ def test_a_killed_learner_worker_resumes_the_run_from_its_checkpoint(
 def test_a_worker_that_keeps_dying_stops_the_run_naming_it(
     tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
 ) -> None:
-    with serving(app) as agent_url:
-        config = _run_config(tiny_model_dir, tmp_path, agent_url, restarts=0)
-        with _killing_worker_1(config, times=1), pytest.raises(TrainingError) as raised:
-            train(config)
+    config = _config(2).model_copy(update={"output_dir": tmp_path / "run"})
+    assert config.ray is not None
+    config.ray.max_learner_restarts = 1
+    attempts: list[bool] = []
+    local = Learner(tiny_model_dir, config)
+    sequences = _sequences(local, 4)
+
+    def train_once(config: TrainConfig, resume: bool) -> RunSummary:
+        # Worker 1 dies (killed between steps); worker 0 then waits in vain for it in the all-reduce.
+        attempts.append(resume)
+        learner = RayLearner(tiny_model_dir, config)
+        ray.kill(ray.get_actor(learner.names[1]))
+        learner.train_step(sequences, seed=0)
+        raise AssertionError("a step without worker 1 completed")
+
+    with pytest.raises(TrainingError) as raised:
+        train_with_auto_resume(config, False, train_once)
+    assert attempts == [False, False]  # no checkpoint yet: each restart starts over
     message = str(raised.value)
-    assert "learner workers died 1 time(s) (worker 1: 1)" in message
-    assert "ray.max_learner_restarts = 0" in message and "Ray actor rftkit-learner-" in message
+    assert "learner workers died 2 time(s) (worker 1: 2)" in message
+    assert "ray.max_learner_restarts = 1" in message and "(Ray actor rftkit-learner-" in message
