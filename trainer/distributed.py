@@ -63,7 +63,13 @@ class LearnerWorkerDied(RuntimeError):
 
 def connect(settings: RayConfig) -> bool:
     """Join the configured Ray cluster, or start a local one; True when this call started it."""
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError(
+            "the config's ray section needs Ray, which is not installed: pip install 'rftkit[ray]', "
+            "or remove the ray section to train in one process"
+        ) from None
 
     if ray.is_initialized():
         return False
