@@ -66,7 +66,7 @@ def connect(settings: RayConfig) -> bool:
     try:
         import ray
     except ImportError:
-        raise RuntimeError(
+        raise ModuleNotFoundError(
             "the config's ray section needs Ray, which is not installed: pip install 'rftkit[ray]', "
             "or remove the ray section to train in one process"
         ) from None
@@ -321,15 +321,18 @@ def train_with_auto_resume(
     checkpoint (from the start before the first one) each time a learner worker dies, at most
     ``ray.max_learner_restarts`` times; then a :class:`~trainer.loop.TrainingError` naming the
     workers that died and how often."""
-    import ray
-
     from trainer.checkpoint import latest_checkpoint
     from trainer.loop import TrainingError
     from trainer.metrics import METRICS_FILE
 
     settings = config.ray
     assert settings is not None  # only called with a ray section
-    started = connect(settings)
+    try:
+        started = connect(settings)
+    except ModuleNotFoundError as missing:
+        raise TrainingError(str(missing)) from None
+    import ray  # installed: connect() succeeded
+
     deaths: collections.Counter[str] = collections.Counter()
     try:
         while True:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -201,3 +203,12 @@ def test_a_worker_that_keeps_dying_stops_the_run_naming_it(
     message = str(raised.value)
     assert "learner workers died 2 time(s) (worker 0: 2)" in message
     assert "ray.max_learner_restarts = 1" in message and "(Ray actor rftkit-learner-" in message
+
+
+def test_without_a_ray_section_ray_is_never_imported() -> None:
+    code = (
+        "import sys, trainer.loop, trainer.config\n"
+        "assert trainer.config.TrainConfig().ray is None\n"
+        "assert 'ray' not in sys.modules, 'trainer.loop imported ray'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
