@@ -280,7 +280,8 @@ class VLLMConfig(_Section):
 
 
 class RayConfig(_Section):
-    """Inference replicas as Ray actors behind the one gateway (the optional extra `rftkit[ray]`)."""
+    """Scale out on Ray (the optional extra `rftkit[ray]`): inference replicas behind the one gateway and
+    data-parallel learner workers, all Ray actors."""
 
     address: str = Field(
         default="local",
@@ -334,9 +335,23 @@ class RayConfig(_Section):
     )
     learner_workers: int = Field(
         default=1,
-        gt=0,
-        description="Data-parallel learner workers (Ray actors with torch.distributed); 1 trains in "
-        "the trainer's process.",
+        ge=1,
+        description="Data-parallel learner workers, each a Ray actor holding the model and LoRA on one "
+        "device (one GPU each on CUDA): a step's micro-batches are shared out and the LoRA gradients "
+        "all-reduced (torch.distributed: NCCL on CUDA, gloo on CPU), so any count trains the same "
+        "adapter as one.",
+    )
+    learner_num_cpus: float = Field(
+        default=1.0,
+        ge=0,
+        description="Logical CPUs Ray reserves for each learner worker (CUDA workers also take one GPU).",
+    )
+    max_learner_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Auto-resume: how many times a run whose learner worker died restarts from its "
+        "newest checkpoint (or from the start, before the first one) before it stops with an error "
+        "naming the worker and how often it died.",
     )
 
     @field_validator("address")
@@ -450,7 +465,8 @@ class TrainConfig(_Section):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Settings of the vllm engine.")
     ray: RayConfig | None = Field(
         default=None,
-        description="Run inference replicas on Ray; unset: one engine in this process (Ray unused).",
+        description="Run on a Ray cluster: inference replicas and learner workers as Ray actors; unset: "
+        "one engine and the learner in this process (Ray never imported).",
     )
     policy_server: PolicyServerConfig = Field(
         default_factory=PolicyServerConfig, description="Where the policy endpoint listens."

@@ -72,8 +72,8 @@ class DemoPlan:
 
 
 # `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
-# gateway. One learner worker: the data-parallel learner is not part of this build.
-RAY_SECTION = {"address": "local", "local_num_cpus": 4, "inference_replicas": 2, "learner_workers": 1}
+# gateway and two data-parallel learner workers.
+RAY_SECTION = {"address": "local", "inference_replicas": 2, "learner_workers": 2}
 
 FULL = DemoPlan(train_mazes=2000, sft_demos=200, sft_steps=300, grpo_steps=30, rows_per_step=8, eval_rows=64)
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=300, grpo_steps=16, rows_per_step=4, eval_rows=32)

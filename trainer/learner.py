@@ -22,6 +22,7 @@ run's image store and M-RoPE positions from the model (:func:`trainer.vision.bat
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import warnings
@@ -56,6 +57,63 @@ class StepResult:
 
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
+
+
+@dataclass
+class GradientSums:
+    """What one process's micro-batches add to a step (their gradients sit in the parameters' .grad).
+
+    ``loss``: the sum of their losses (each already scaled to its share of the batch); ``weighted``:
+    token-weighted sums of per-micro-batch metric means; ``maxima``: the ``*_max`` metrics; ``finite``:
+    False once a loss was not finite."""
+
+    loss: float = 0.0
+    weighted: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+    finite: bool = True
+
+    def add(self, loss: float, metrics: dict[str, float], tokens: float) -> None:
+        """Count one micro-batch: its loss, and its metrics weighted by its ``tokens``."""
+        self.loss += loss
+        for key, value in metrics.items():
+            if key.endswith("_max"):
+                self.maxima[key] = max(self.maxima.get(key, value), value)
+            else:
+                self.weighted[key] = self.weighted.get(key, 0.0) + value * tokens
+
+    def merge(self, other: GradientSums) -> None:
+        """Add another process's sums (not its gradients) to these."""
+        self.loss += other.loss
+        self.finite = self.finite and other.finite
+        for key, value in other.weighted.items():
+            self.weighted[key] = self.weighted.get(key, 0.0) + value
+        for key, value in other.maxima.items():
+            self.maxima[key] = max(self.maxima.get(key, value), value)
+
+
+@dataclass(frozen=True)
+class _StepTotals:
+    """Counts over the whole batch that every micro-batch's loss is normalised by."""
+
+    tokens: int
+    episode_tokens: dict[str, int]
+
+    @classmethod
+    def of(cls, sequences: Sequence[TrainingSequence]) -> _StepTotals:
+        # A rollout's calls may be several sequences (possibly in different micro-batches): the loss
+        # averages per episode, so each sequence needs its whole episode's token count.
+        episode_tokens: dict[str, int] = {}
+        for sequence in sequences:
+            episode_tokens[sequence.rollout_id] = (
+                episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
+            )
+        return cls(sum(sequence.num_completion_tokens for sequence in sequences), episode_tokens)
+
+
+def _micro_batch_seed(seed: int, index: int) -> int:
+    """The RNG seed of a step's ``index``-th micro-batch (LoRA dropout), whichever process runs it."""
+    digest = hashlib.sha256(f"{seed}:micro-batch:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFFFFFFFFFFFFFF
 
 
 class Learner:
@@ -201,17 +259,25 @@ class Learner:
         LoRA dropout) and in the same micro-batches as :meth:`train_step`, so with no dropout the first
         pass's ratio is exactly 1.
         """
+        old = self.shard_old_logprobs(sequences)
+        return [old[position] for position in range(len(sequences))]
+
+    @torch.no_grad()
+    def shard_old_logprobs(self, sequences: Sequence[TrainingSequence]) -> dict[int, torch.Tensor]:
+        """:meth:`old_logprobs` of the sequences in this process's micro-batches, by position."""
+        position = {id(sequence): index for index, sequence in enumerate(sequences)}
+        micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
         self.model.eval()
         try:
             old: dict[int, torch.Tensor] = {}
-            for micro in micro_batches_by_token_budget(sequences, self.micro_batch_tokens):
+            for _, micro in self._shard(micro_batches):
                 batch, vision = self.batch_inputs(micro)
                 logprobs = self.token_logprobs(batch, vision)[0]
                 for row, sequence in enumerate(micro):
-                    old[id(sequence)] = logprobs[row, : len(sequence)].clone()
+                    old[position[id(sequence)]] = logprobs[row, : len(sequence)].clone()
         finally:
             self.model.train()
-        return [old[id(sequence)] for sequence in sequences]
+        return old
 
     def train_step(
         self,
@@ -223,48 +289,46 @@ class Learner:
         """One optimizer step on ``sequences`` (each carrying its advantage).
 
         ``seed`` fixes torch's RNG for this step (LoRA dropout) without touching the caller's RNG, so a
-        resumed run draws the same dropout masks as an uninterrupted one. ``old_logprobs``: from
-        :meth:`old_logprobs` before the batch's first pass, for every pass when the sampler/learner
-        correction (``vllm_importance_sampling_correction``) is on; unset, this pass's own detached
-        logprobs stand in, which is exact only for a batch's single pass.
+        resumed run draws the same dropout masks as an uninterrupted one; each micro-batch draws from
+        its own seed, derived from ``seed`` and its index, so the masks do not depend on which process
+        computes it. ``old_logprobs``: from :meth:`old_logprobs` before the batch's first pass, for
+        every pass when the sampler/learner correction (``vllm_importance_sampling_correction``) is on;
+        unset, this pass's own detached logprobs stand in, which is exact only for a batch's single pass.
         """
         if not sequences:
             raise ValueError("train_step needs at least one sequence")
         if old_logprobs is not None and len(old_logprobs) != len(sequences):
             raise ValueError(f"{len(old_logprobs)} old logprob rows for {len(sequences)} sequences")
         with torch.random.fork_rng(devices=[]):
-            if seed is not None:
-                torch.manual_seed(seed)
-            return self._train_step(sequences, old_logprobs)
+            return self._train_step(sequences, old_logprobs, seed)
 
-    def _train_step(
-        self, sequences: Sequence[TrainingSequence], old_logprobs: Sequence[torch.Tensor] | None
-    ) -> StepResult:
+    def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
+        """The micro-batches this process computes, with their index in the step: all of them here;
+        a data-parallel worker (:mod:`trainer.distributed`) takes its share."""
+        return list(enumerate(micro_batches))
+
+    def _combine(self, sums: GradientSums) -> GradientSums:
+        """The whole step's sums (gradients in ``.grad``) from this process's: the same here; a
+        data-parallel worker all-reduces them (:mod:`trainer.distributed`)."""
+        return sums
+
+    def _accumulate(
+        self,
+        micro_batches: list[list[TrainingSequence]],
+        old_by_sequence: dict[int, torch.Tensor] | None,
+        totals: _StepTotals,
+        seed: int | None,
+    ) -> GradientSums:
+        """Forward and backward of this process's micro-batches, each loss scaled to its share of the
+        whole batch (so the gradients add up to the batch's)."""
         config = self.config
-        total_sequences = len(sequences)
-        total_tokens = sum(sequence.num_completion_tokens for sequence in sequences)
-        # A rollout's calls may be several sequences (possibly in different micro-batches): the loss
-        # averages per episode, so each sequence needs its whole episode's token count.
-        episode_tokens: dict[str, int] = {}
-        for sequence in sequences:
-            episode_tokens[sequence.rollout_id] = (
-                episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
-            )
-        micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
-        old_by_sequence = None
-        if old_logprobs is not None:
-            old_by_sequence = {id(seq): lp for seq, lp in zip(sequences, old_logprobs, strict=True)}
         correction = None
         if config.vllm_importance_sampling_correction:
             correction = config.vllm_importance_sampling_mode
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        loss_sum = 0.0
-        weighted: dict[str, float] = {}  # token-weighted sums of per-micro-batch means
-        maxima: dict[str, float] = {}
-        finite = True
-        for micro in micro_batches:
+        sums = GradientSums()
+        for index, micro in self._shard(micro_batches):
+            if seed is not None:
+                torch.manual_seed(_micro_batch_seed(seed, index))
             batch, vision = self.batch_inputs(micro)
             ref_logprobs = self._reference_logprobs(batch, vision) if config.beta > 0.0 else None
             logprobs, entropy = self.token_logprobs(batch, vision)
@@ -285,22 +349,37 @@ class Learner:
                 old_logprobs=None if old_by_sequence is None else _pad_rows(micro, old_by_sequence, logprobs),
                 entropy=entropy,
                 episode_tokens=torch.tensor(
-                    [episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
+                    [totals.episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
                 ),
-                total_episodes=len(episode_tokens),
-                total_tokens=total_tokens,
+                total_episodes=len(totals.episode_tokens),
+                total_tokens=totals.tokens,
             )
             if not torch.isfinite(loss):
-                finite = False
+                sums.finite = False
                 break
             loss.backward()
-            loss_sum += float(loss.detach())
-            tokens = float(batch.loss_mask.sum())
-            for key, value in metrics.items():
-                if key.endswith("_max"):
-                    maxima[key] = max(maxima.get(key, value), value)
-                else:
-                    weighted[key] = weighted.get(key, 0.0) + value * tokens
+            sums.add(float(loss.detach()), metrics, float(batch.loss_mask.sum()))
+        return sums
+
+    def _train_step(
+        self,
+        sequences: Sequence[TrainingSequence],
+        old_logprobs: Sequence[torch.Tensor] | None,
+        seed: int | None,
+    ) -> StepResult:
+        config = self.config
+        total_sequences = len(sequences)
+        totals = _StepTotals.of(sequences)
+        total_tokens = totals.tokens
+        micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
+        old_by_sequence = None
+        if old_logprobs is not None:
+            old_by_sequence = {id(seq): lp for seq, lp in zip(sequences, old_logprobs, strict=True)}
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        sums = self._combine(self._accumulate(micro_batches, old_by_sequence, totals, seed))
+        finite, loss_sum, weighted, maxima = sums.finite, sums.loss, sums.weighted, sums.maxima
         grad_norm = float("nan")
         if finite:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, config.max_grad_norm))

@@ -25,10 +25,9 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +63,9 @@ from trainer.placement import Placement, cuda_visible_devices
 from trainer.plan import preflight
 from trainer.prometheus import StepExporter
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
+
+if TYPE_CHECKING:
+    from trainer.distributed import RayLearner
 
 log = logging.getLogger(__name__)
 
@@ -443,7 +445,7 @@ def _step_record(
     }
 
 
-def _save_version(learner: Learner, run_dir: Path, version: int) -> Path:
+def _save_version(learner: Learner | RayLearner, run_dir: Path, version: int) -> Path:
     """A fresh directory per adapter version; older ones beyond ADAPTERS_KEPT are removed."""
     adapters = run_dir / "adapters"
     directory = adapters / f"v{version}"
@@ -463,15 +465,6 @@ def _add_log_file(run_dir: Path) -> logging.Handler:
     return handler
 
 
-def _ray_cluster(config: TrainConfig) -> AbstractContextManager[None]:
-    """Connected to the config's Ray cluster for the run; nothing (and no import of Ray) without one."""
-    if config.ray is None:
-        return nullcontext()
-    from trainer.ray_cluster import ray_cluster
-
-    return ray_cluster(config.ray)
-
-
 def _totals(history: list[dict[str, Any]]) -> dict[str, int]:
     last = history[-1]["tokens"] if history else {}
     return {key: int(last.get(f"{key}_total", 0)) for key in ("prefill", "sample", "train")}
@@ -485,13 +478,14 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = _add_log_file(config.output_dir)
     try:
-        if config.ray is not None and config.ray.learner_workers != 1:
-            raise TrainingError(
-                f"ray.learner_workers is {config.ray.learner_workers}: this build trains in the "
-                "trainer's process only; set ray.learner_workers: 1"
-            )
-        with _ray_cluster(config):
+        if config.ray is None:
             return _train(config, resume)
+        # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
+        from trainer.distributed import train_with_auto_resume
+        from trainer.ray_cluster import ray_cluster
+
+        with ray_cluster(config.ray):
+            return train_with_auto_resume(config, resume, _train)
     finally:
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
@@ -504,7 +498,7 @@ class _Run:
     config: TrainConfig
     train_rows: list[Any]
     eval_rows: list[Any]
-    learner: Learner
+    learner: Learner | RayLearner
     state: RunState
     resumed_from: Path | None
     metrics: MetricsLogger
@@ -577,7 +571,13 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     placement = preflight(config, model_dir)
     # Images of the calls being trained on, once each, until the update is done with their traces.
     images = ImageStore(run_dir / "images")
-    learner = Learner(model_dir, config, placement=placement, image_store=images)
+    learner: Learner | RayLearner
+    if config.ray is None:
+        learner = Learner(model_dir, config, placement=placement, image_store=images)
+    else:
+        from trainer.distributed import RayLearner
+
+        learner = RayLearner(model_dir, config, placement=placement)
     state = RunState()
     resumed_from: Path | None = None
     if resume:

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainer.config import TokenPrices
 
-_JSONL = "metrics.jsonl"
+METRICS_FILE = "metrics.jsonl"  # one JSON record per step, in run_dir
 _EVAL_TABLE = "eval_table"
 
 
@@ -63,7 +63,7 @@ class MetricsLogger:
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl_path = self.run_dir / _JSONL
+        self.jsonl_path = self.run_dir / METRICS_FILE
         # Called with (step, record) after each step is written: the Prometheus exporter, for one.
         self.sinks: list[Callable[[int, dict[str, Any]], None]] = []
         if resume_step is not None:

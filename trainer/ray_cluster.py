@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,12 +31,18 @@ def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
     if settings is None:
         yield
         return
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ModuleNotFoundError(
+            "the config's ray section needs Ray, which is not installed: pip install 'rftkit[ray]', "
+            "or remove the ray section to train in one process"
+        ) from None
 
     started = False
     if not ray.is_initialized():
         if settings.address == "local":
-            start_local_cluster(settings.local_num_cpus)
+            start_local_cluster(local_num_cpus(settings))
             started = True
         else:
             ray.init(address=settings.address)
@@ -44,6 +52,18 @@ def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
     finally:
         if started:
             ray.shutdown()
+
+
+def local_num_cpus(settings: RayConfig) -> int:
+    """Logical CPUs of a 'local' cluster: the setting, else enough for every replica and learner worker
+    (Ray only counts them to decide what fits; they may exceed the real cores)."""
+    if settings.local_num_cpus is not None:
+        return settings.local_num_cpus
+    needed = (
+        settings.inference_replicas * settings.replica_num_cpus
+        + settings.learner_workers * settings.learner_num_cpus
+    )
+    return max(os.cpu_count() or 1, math.ceil(needed) + 1)
 
 
 def start_local_cluster(num_cpus: int | None, **options: Any) -> None:

@@ -56,7 +56,7 @@ def test_ray_is_imported_only_by_the_modules_a_ray_section_reaches() -> None:
     # Ray is an optional extra: importing the packages (as a run without a ray section does) must
     # not import it. Only the replicated engine imports it at module level, and nothing imports that
     # engine, or the trainer's Ray module, at module level.
-    lazy = {"ray", "policy_server.engines.ray_engine", "trainer.ray_cluster"}
+    lazy = {"ray", "policy_server.engines.ray_engine", "trainer.ray_cluster", "trainer.distributed"}
     importers = {
         path.relative_to(REPO).as_posix(): sorted(
             name for name in _top_level_imports(path) if name.split(".")[0] == "ray" or name in lazy
@@ -86,13 +86,3 @@ def test_kuberay_files_agree_with_the_config() -> None:
     (service,) = [doc for doc in documents if doc["kind"] == "Service"]
     assert service["spec"]["selector"]["ray.io/group"] == "learner"
     assert service["spec"]["ports"][0]["targetPort"] == config.policy_server.port
-
-
-def test_more_than_one_learner_worker_is_refused_with_a_sentence(tmp_path: Path) -> None:
-    from trainer.loop import TrainingError, train
-
-    config = validate_config({**BASE, "output_dir": str(tmp_path / "run"), "ray": {"learner_workers": 2}})
-    with pytest.raises(
-        TrainingError, match="ray.learner_workers is 2: this build trains in the trainer's process"
-    ):
-        train(config)

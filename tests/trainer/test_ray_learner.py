@@ -1,0 +1,201 @@
+"""Learner workers on a real local Ray cluster: data parallelism that changes nothing, auto-resume.
+
+One cluster for the module (starting Ray costs seconds); the tiny Llama; gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from tests.trainer.agent_apps.letters import app
+from tests.trainer.agent_apps.serving import serving, write_run_files
+from trainer.config import RayConfig, TrainConfig, load_config
+from trainer.distributed import ACTOR_PREFIX, RayLearner, train_with_auto_resume
+from trainer.grpo import token_logprobs
+from trainer.learner import Learner
+from trainer.loop import LOG_FILE, RunSummary, TrainingError, train
+from trainer.ray_cluster import ray_cluster as ray_cluster_of
+from trainer.sequences import TrainingSequence
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    with ray_cluster_of(RayConfig(address="local", inference_replicas=1, learner_workers=2)):
+        yield
+
+
+def _config(workers: int) -> TrainConfig:
+    # Dropout on: each micro-batch's mask must not depend on which worker computes it. A small token
+    # budget makes several micro-batches, some workers get more than others.
+    return TrainConfig.model_validate(
+        {
+            "learning_rate": 1e-2,
+            "max_steps": 4,
+            "lora": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1},
+            "learner": {"device": "cpu", "dtype": "float32"},
+            "max_tokens_per_microbatch": 24,
+            "ray": {"learner_workers": workers},
+        }
+    )
+
+
+def _sequences(learner: Learner, count: int) -> list[TrainingSequence]:
+    """Random prompts and completions, two calls per episode, sampled (as far as logprobs go) by the
+    initial policy."""
+    rng = random.Random(0)
+    vocab = learner.model.config.vocab_size
+    sequences = []
+    for index in range(count):
+        prompt = [rng.randrange(vocab) for _ in range(4 + index)]
+        completion = [rng.randrange(vocab) for _ in range(3 + index)]
+        ids = prompt + completion
+        with torch.no_grad():
+            logprobs = token_logprobs(
+                learner.model(input_ids=torch.tensor([ids])).logits, torch.tensor([ids])
+            )
+        mask = [0] * len(prompt) + [1] * len(completion)
+        sequences.append(
+            TrainingSequence(
+                rollout_id=f"episode-{index // 2}",
+                token_ids=ids,
+                loss_mask=mask,
+                behavior_logprobs=[
+                    lp if m else 0.0 for lp, m in zip(logprobs[0].tolist(), mask, strict=True)
+                ],
+                advantage=[1.0, -0.5, 0.25, -1.0][index % 4],
+                num_calls=1,
+            )
+        )
+    return sequences
+
+
+def _two_steps(learner: Learner | RayLearner, sequences: list[TrainingSequence]) -> list[dict[str, float]]:
+    metrics = []
+    for step in range(2):
+        old = learner.old_logprobs(sequences)
+        metrics.append(learner.train_step(sequences, seed=100 + step, old_logprobs=old).metrics)
+    return metrics
+
+
+def test_one_and_two_workers_end_with_the_adapter_of_one_process(
+    tiny_model_dir: Path, ray_cluster: None
+) -> None:
+    local = Learner(tiny_model_dir, _config(1))
+    sequences = _sequences(local, 6)
+    expected = _two_steps(local, sequences)
+    assert expected[0]["micro_batches"] > 2  # shared unevenly by two workers
+    for workers in (1, 2):
+        learner = RayLearner(tiny_model_dir, _config(workers))
+        try:
+            got = _two_steps(learner, sequences)
+            adapter = learner.adapter_state()
+        finally:
+            learner.close()
+        for ours, theirs in zip(got, expected, strict=True):
+            assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
+            assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+            assert ours["completion_tokens"] == theirs["completion_tokens"]
+        reference = local.adapter_state()
+        assert adapter.keys() == reference.keys()
+        moved = max(float((reference[name] - value).abs().max()) for name, value in adapter.items())
+        # Float sums in other orders (micro-batches across workers, one thread per worker), which
+        # Adam's normalised step magnifies for near-zero gradients: within 1% of a step (lr 1e-2).
+        assert moved < 1e-4, f"{workers} worker(s): adapter differs from one process's by {moved}"
+    # The test would see a learner that does not train: two steps at lr 1e-2 move the weights.
+    initial = Learner(tiny_model_dir, _config(1)).adapter_state()
+    assert max(float((initial[n] - v).abs().max()) for n, v in local.adapter_state().items()) > 1e-3
+
+
+def _kill_learner_worker(run_dir: Path, rank: int, times: int, done: threading.Event) -> None:
+    """Once step 1's checkpoint exists, kill worker ``rank`` of each new set of learner workers,
+    ``times`` sets in all."""
+    killed: set[str] = set()
+    while len(killed) < times and not done.is_set():
+        if (run_dir / "checkpoints" / "step-000001").is_dir():
+            for name in ray.util.list_named_actors():
+                learner_id = name.removeprefix(f"{ACTOR_PREFIX}-").rpartition("-")[0]
+                if name.startswith(ACTOR_PREFIX) and name.endswith(f"-{rank}") and learner_id not in killed:
+                    ray.kill(ray.get_actor(name))
+                    killed.add(learner_id)
+        time.sleep(0.05)
+
+
+@contextmanager
+def _killing_worker_1(config: TrainConfig, times: int) -> Iterator[None]:
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_learner_worker, args=(config.output_dir, 1, times, done))
+    killer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        killer.join()
+
+
+def _run_config(tiny_model_dir: Path, tmp_path: Path, agent_url: str, restarts: int) -> TrainConfig:
+    path = write_run_files(
+        tmp_path,
+        tiny_model_dir,
+        agent_url,
+        eval_file=None,
+        # Two rollouts a step keep it short; step 3 leaves the kill time to land before the last update.
+        rows_per_step=1,
+        num_generations=2,
+        max_steps=3,
+        ray={"address": "local", "learner_workers": 2, "max_learner_restarts": restarts},
+    )
+    return load_config(path)
+
+
+def test_a_killed_learner_worker_resumes_the_run_from_its_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
+) -> None:
+    with serving(app) as agent_url:
+        config = _run_config(tiny_model_dir, tmp_path, agent_url, restarts=1)
+        with _killing_worker_1(config, times=1):
+            summary = train(config)
+    assert summary.steps == 3
+    log = (config.output_dir / LOG_FILE).read_text()
+    assert "learner worker 1 of 2" in log and "auto-resume 1 of 1 from the newest checkpoint" in log
+    assert "resumed from" in log
+    # Step 1 once (from before the kill), steps 2 and 3 once (after the resume): none lost or repeated.
+    steps = [
+        json.loads(line)["step"] for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3]
+
+
+def test_a_worker_that_keeps_dying_stops_the_run_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
+) -> None:
+    # One worker per attempt keeps this short; the run above covers a survivor left waiting in the
+    # all-reduce for its dead peer.
+    config = _config(1).model_copy(update={"output_dir": tmp_path / "run"})
+    assert config.ray is not None
+    config.ray.max_learner_restarts = 1
+    attempts: list[bool] = []
+    sequences = _sequences(Learner(tiny_model_dir, config), 2)
+
+    def train_once(config: TrainConfig, resume: bool) -> RunSummary:
+        attempts.append(resume)
+        learner = RayLearner(tiny_model_dir, config)
+        ray.kill(ray.get_actor(learner.names[0]))
+        learner.train_step(sequences, seed=0)
+        raise AssertionError("a step without its learner worker completed")
+
+    with pytest.raises(TrainingError) as raised:
+        train_with_auto_resume(config, False, train_once)
+    assert attempts == [False, False]  # no checkpoint yet: each restart starts over
+    message = str(raised.value)
+    assert "learner workers died 2 time(s) (worker 0: 2)" in message
+    assert "ray.max_learner_restarts = 1" in message and "(Ray actor rftkit-learner-" in message
