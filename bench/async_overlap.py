@@ -4,10 +4,11 @@ The agent is ``tests/trainer/agent_apps/sleepy.py``: the letters agent (two real
 episode through the policy server) after a seeded log-normal sleep, ``--sleep-s`` median, so a step's
 rollouts end when its slowest episode does. The same short ``rft train`` run (tiny model, hf engine,
 LoRA learner, all in this process, on this machine's cores) is played with ``max_off_policy_steps``
-0 (synchronous) and 1 (asynchronous), alternating over ``--rounds``. From every step after the first
-(the first has nothing to overlap with) it reads the run's own ``time_s`` record: the step's wall time,
-its rollouts' wall time (submission to the last episode's end) and its update time (optimizer passes
-plus publishing the adapter). Reported, medians over all those steps:
+0 (synchronous) and 1 (asynchronous), alternating over ``--rounds``, after one unmeasured warm-up
+run. From every step after the first (the first has nothing to overlap with) it reads the run's own
+``time_s`` record: the step's wall time, its rollouts' wall time (submission to the last episode's
+end) and its update time (optimizer passes plus publishing the adapter). Reported, medians over
+all those steps:
 
 - the speed-up: synchronous step time / asynchronous step time;
 - the overlap ratio: asynchronous step time / max(rollout time, update time), with the rollout and
@@ -104,6 +105,8 @@ def main() -> None:
     steps: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp, serving(app) as agent_url:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
+        # Torch's first passes over each new shape are slow in a fresh process: warm up, unmeasured.
+        run_once(Path(tmp) / "warm-up", model_dir, agent_url, args, 1)
         for round_index in range(args.rounds):
             for mode, k in MODES.items():
                 work = Path(tmp) / f"{mode}-{round_index}"

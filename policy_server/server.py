@@ -190,8 +190,13 @@ class PolicyServer:
         versions are loaded meanwhile (asynchronous training: a rollout ends on the policy it began
         with). Without it, each call samples on the version current when it arrives."""
         self.registry.open_rollout(job_arn, rollout_id)
-        if adapter_version is not None:
+        if adapter_version is None:
+            return
+        try:
             self._versions.pin((job_arn, rollout_id), adapter_version)
+        except ValueError:  # a version not loaded: the rollout must not stay open on another one
+            self.registry.take_trace(job_arn, rollout_id)
+            raise
 
     def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
         """The finished rollout's trace (taken once); its version pin, if any, is released."""

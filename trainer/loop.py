@@ -580,14 +580,23 @@ def _serve_start_adapter(run: _Run) -> None:
     A resumed asynchronous run first loads the older adapters its steps in flight sampled on, and
     submits those steps again (finished rollouts kept, the rest played again).
     """
-    state, pipeline = run.state, run.pipeline
-    if run.loaded is not None:
-        for version, directory in run.loaded.pinned_adapters.items():
-            if version != state.adapter_version:
-                pipeline.served(version, run.session.load_adapter(directory))
+    state, pipeline, loaded = run.state, run.pipeline, run.loaded
+    if loaded is not None:
+        directories = dict(loaded.pinned_adapters)
         if state.adapter_version > 0:
-            pipeline.served(state.adapter_version, run.session.load_adapter(run.loaded.adapter_dir))
-        pipeline.resume(run.loaded.in_flight, run.train_rows)
+            directories[state.adapter_version] = loaded.adapter_dir
+        missing = {saved["adapter_version"] for saved in loaded.in_flight} - {0, *directories}
+        if missing:
+            raise TrainingError(
+                f"{loaded.path} holds rollouts in flight on adapter versions {sorted(missing)} but not "
+                "those adapters; resume from an earlier checkpoint"
+            )
+        # Oldest first, each version's steps submitted (so pinned) before a newer load retires it.
+        for version in sorted({0, *directories}):
+            if version > 0:
+                pipeline.served(version, run.session.load_adapter(directories[version]))
+            steps = [saved for saved in loaded.in_flight if saved["adapter_version"] == version]
+            pipeline.resume(steps, run.train_rows)
     elif run.config.init_adapter is not None:
         # The warm-start adapter is version 1: the first evaluation and step sample with it.
         state.adapter_version = 1
