@@ -236,6 +236,8 @@ class _Session:
             timeout_s=config.rollout_timeout_s,
         )
         self.endpoint = ""
+        # Tokens of the evaluations since the last step (what asynchronous steps count them from).
+        self.eval_tokens = TokenCounters()
         self.metrics_thread: ServingThread | None = None
 
     def start(self) -> None:
@@ -292,7 +294,12 @@ class _Session:
         return self.producer.play(requests)
 
     def play_outcomes(self, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
-        return [rollout.outcome for rollout in self.play(requests)]
+        """Play evaluation rollouts; their tokens are added to ``eval_tokens``."""
+        played = self.play(requests)
+        calls = [call for rollout in played for call in rollout.trace.calls]
+        self.eval_tokens.prefill_tokens += sum(len(call.prompt_token_ids) for call in calls)
+        self.eval_tokens.sample_tokens += sum(len(call.completion_token_ids) for call in calls)
+        return [rollout.outcome for rollout in played]
 
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
@@ -665,7 +672,7 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     if run.eval_rows and (periodic or (last and config.eval_on_end)):
         evaluation = _evaluate(run, step)
 
-    record = _step_record(config, played, batch, _count_tokens(run, update), run.totals, rollout_s)
+    record = _step_record(config, played, batch, _count_tokens(run, update, played), run.totals, rollout_s)
     record["update"] = {"applied": update.applied, **update.metrics}
     record["adapter_version"] = state.adapter_version
     record["staleness"] = staleness
@@ -771,14 +778,26 @@ def _publish(run: _Run, step: int, updated: bool) -> float:
     return time.monotonic() - started
 
 
-def _count_tokens(run: _Run, update: _StepUpdate) -> dict[str, int]:
-    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on."""
+def _count_tokens(run: _Run, update: _StepUpdate, played: list[PlayedRollout]) -> dict[str, int]:
+    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on.
+
+    Synchronous: what the server counted since the last step. Asynchronous: the server meanwhile also
+    sampled for later steps, as far as timing let it, so the step's own rollouts' traces are counted
+    (and the evaluations' since the last step), which a repeated run counts the same.
+    """
     counters = run.session.server.counters(run.session.job_arn)
-    tokens = {
-        "prefill": counters.prefill_tokens - run.counted.prefill_tokens,
-        "sample": counters.sample_tokens - run.counted.sample_tokens,
-        "train": int(update.metrics.get("train_tokens", 0)),
-    }
+    if run.config.max_off_policy_steps == 0:
+        prefill = counters.prefill_tokens - run.counted.prefill_tokens
+        sample = counters.sample_tokens - run.counted.sample_tokens
+    else:
+        evaluated, run.session.eval_tokens = run.session.eval_tokens, TokenCounters()
+        prefill = evaluated.prefill_tokens + sum(
+            len(c.prompt_token_ids) for r in played for c in r.trace.calls
+        )
+        sample = evaluated.sample_tokens + sum(
+            len(c.completion_token_ids) for r in played for c in r.trace.calls
+        )
+    tokens = {"prefill": prefill, "sample": sample, "train": int(update.metrics.get("train_tokens", 0))}
     run.counted = counters
     run.totals = {key: run.totals[key] + tokens[key] for key in run.totals}
     return tokens
