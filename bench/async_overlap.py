@@ -113,7 +113,7 @@ def main() -> None:
                 steps[mode] += run_once(work, model_dir, agent_url, args, k)
     result = {
         "command": "bench/async_overlap.py " + " ".join(sys.argv[1:]),
-        "settings": vars(args) | {"output": str(args.output)},
+        "settings": vars(args) | {"output": args.output.name},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         **report(steps),
         "steps": steps,
