@@ -10,6 +10,7 @@ import asyncio
 import copy
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
 from functools import cached_property
@@ -75,9 +76,11 @@ class EngineError(Exception):
 
 
 class _AdapterVersions:
-    """Which adapter version is current and how many calls each version has in flight.
+    """Which adapter version is current, how many calls each version has in flight, and which
+    rollouts are pinned to a version.
 
-    Touched only from the server's event loop, so it needs no lock.
+    Calls acquire and release on the server's event loop; the trainer pins and unpins rollouts from
+    its own threads, hence the lock (never held across an await).
     """
 
     def __init__(self) -> None:
@@ -85,19 +88,54 @@ class _AdapterVersions:
         self.loaded: set[int] = set()
         self.in_flight: Counter[int] = Counter()
         self.last_issued = 0
+        self._pins: dict[tuple[str, str], int] = {}
+        self._pinned: Counter[int] = Counter()
+        self._lock = threading.Lock()
 
-    def acquire(self) -> int:
-        self.in_flight[self.current] += 1
-        return self.current
+    def pin(self, key: tuple[str, str], version: int) -> None:
+        with self._lock:
+            if version != 0 and version not in self.loaded:
+                raise ValueError(f"adapter version {version} is not loaded, so no rollout can sample on it")
+            self._pins[key] = version
+            self._pinned[version] += 1
+
+    def unpin(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            version = self._pins.pop(key, None)
+            if version is not None:
+                self._pinned[version] -= 1
+                if self._pinned[version] <= 0:
+                    del self._pinned[version]
+
+    def unpin_job(self, job_arn: str) -> None:
+        for key in [key for key in self._pins if key[0] == job_arn]:
+            self.unpin(key)
+
+    def pinned_versions(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(sorted(self._pinned))
+
+    def acquire(self, key: tuple[str, str]) -> int:
+        """The version a call of rollout ``key`` samples on: its pinned one, else the current one."""
+        with self._lock:
+            version = self._pins.get(key, self.current)
+            self.in_flight[version] += 1
+            return version
 
     def release(self, version: int) -> None:
-        self.in_flight[version] -= 1
-        if self.in_flight[version] <= 0:
-            del self.in_flight[version]
+        with self._lock:
+            self.in_flight[version] -= 1
+            if self.in_flight[version] <= 0:
+                del self.in_flight[version]
 
     def retired(self) -> list[int]:
-        """Loaded versions that are not current and that no call in flight uses."""
-        return sorted(v for v in self.loaded if v != self.current and self.in_flight[v] == 0)
+        """Loaded versions that are not current, that no call in flight uses and no rollout is pinned to."""
+        with self._lock:
+            return sorted(
+                v
+                for v in self.loaded
+                if v != self.current and self.in_flight[v] == 0 and self._pinned[v] == 0
+            )
 
 
 class PolicyServer:
@@ -178,14 +216,30 @@ class PolicyServer:
         self.registry.open_job(job_arn, limits)
 
     def close_job(self, job_arn: str) -> TokenCounters:
+        self._versions.unpin_job(job_arn)
         return self.registry.close_job(job_arn)
 
-    def open_rollout(self, job_arn: str, rollout_id: str) -> None:
+    def open_rollout(self, job_arn: str, rollout_id: str, adapter_version: int | None = None) -> None:
+        """Open a rollout; with ``adapter_version`` (a loaded version, 0 the base model), all its calls
+        sample on that version, which stays loaded until the rollout's trace is taken, however many
+        versions are loaded meanwhile (asynchronous training: a rollout ends on the policy it began
+        with). Without it, each call samples on the version current when it arrives."""
         self.registry.open_rollout(job_arn, rollout_id)
+        if adapter_version is None:
+            return
+        try:
+            self._versions.pin((job_arn, rollout_id), adapter_version)
+        except ValueError:  # a version not loaded: the rollout must not stay open on another one
+            self.registry.take_trace(job_arn, rollout_id)
+            raise
 
     def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
-        """Hand a rollout's trace over; its images stay in ``image_store`` until :meth:`release_trace`."""
-        return self.registry.take_trace(job_arn, rollout_id)
+        """The finished rollout's trace (taken once); its version pin, if any, is released. Its images
+        stay in ``image_store`` until :meth:`release_trace`."""
+        try:
+            return self.registry.take_trace(job_arn, rollout_id)
+        finally:
+            self._versions.unpin((job_arn, rollout_id))
 
     def release_trace(self, trace: RolloutTrace) -> None:
         """Done with ``trace``: delete the stored images no other trace still references."""
@@ -206,6 +260,11 @@ class PolicyServer:
     @property
     def current_adapter_version(self) -> int:
         return self._versions.current
+
+    @property
+    def pinned_adapter_versions(self) -> tuple[int, ...]:
+        """Versions some open rollout is pinned to (they stay loaded until those rollouts end)."""
+        return self._versions.pinned_versions()
 
     @property
     def loaded_adapter_versions(self) -> tuple[int, ...]:
@@ -289,7 +348,7 @@ class PolicyServer:
         ticket = self.registry.start_call(job_arn, rollout_id)
         if generation.seed is not None:
             generation.seed = call_seed(generation.seed, ticket.call_number)
-        version = self._versions.acquire()
+        version = self._versions.acquire((job_arn, rollout_id))
         generation.adapter_version = version
         generation.rollout_id = rollout_id
         self.metrics.calls_in_flight.inc()

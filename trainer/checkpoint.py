@@ -23,6 +23,8 @@ _STATE_FILE = "state.json"
 _TRAINING_FILE = "training_state.pt"
 _RNG_FILE = "rng.pt"
 _ADAPTER_DIR = "adapter"
+_ROLLOUTS_FILE = "rollouts.json"  # steps submitted but not trained on yet (asynchronous training)
+_PINNED_DIR = "pinned-adapters"  # the adapters those steps' rollouts sample on
 
 
 class CheckpointableLearner(Protocol):
@@ -67,6 +69,9 @@ class LoadedCheckpoint:
     path: Path
     state: RunState
     adapter_dir: Path
+    # Asynchronous training: the steps in flight when it was written, and their adapters by version.
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    pinned_adapters: dict[int, Path] = field(default_factory=dict)
 
 
 def checkpoint_name(step: int) -> str:
@@ -119,9 +124,19 @@ def _restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    checkpoint_dir: Path, state: RunState, learner: CheckpointableLearner, *, keep: int
+    checkpoint_dir: Path,
+    state: RunState,
+    learner: CheckpointableLearner,
+    *,
+    keep: int,
+    in_flight: list[dict[str, Any]] | None = None,
+    pinned_adapters: dict[int, Path] | None = None,
 ) -> Path:
-    """Write ``step-{state.step}`` atomically, then delete all but the newest ``keep`` checkpoints."""
+    """Write ``step-{state.step}`` atomically, then delete all but the newest ``keep`` checkpoints.
+
+    ``in_flight`` (JSON-ready) and ``pinned_adapters`` (adapter directories by version, copied in)
+    are what asynchronous training has running beyond ``state.step``.
+    """
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (got {keep})")
     checkpoint_dir = Path(checkpoint_dir)
@@ -133,6 +148,10 @@ def save_checkpoint(
         torch.save(learner.training_state(), tmp / _TRAINING_FILE)
         torch.save(_rng_state(), tmp / _RNG_FILE)
         (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+        if in_flight:
+            (tmp / _ROLLOUTS_FILE).write_text(json.dumps(in_flight))
+        for version, directory in (pinned_adapters or {}).items():
+            shutil.copytree(directory, tmp / _PINNED_DIR / f"v{version}")
         _fsync_tree(tmp)
         if final.exists():
             # Only after a crash between a previous rename and the pruning of this same step.
@@ -158,4 +177,16 @@ def load_checkpoint(path: Path, learner: CheckpointableLearner) -> LoadedCheckpo
     training_state = torch.load(path / _TRAINING_FILE, weights_only=False)
     learner.restore(path / _ADAPTER_DIR, training_state)
     _restore_rng(torch.load(path / _RNG_FILE, weights_only=False))
-    return LoadedCheckpoint(path=path, state=state, adapter_dir=path / _ADAPTER_DIR)
+    in_flight = []
+    if (path / _ROLLOUTS_FILE).is_file():
+        in_flight = json.loads((path / _ROLLOUTS_FILE).read_text())
+    pinned = {}
+    if (path / _PINNED_DIR).is_dir():
+        pinned = {int(found.name[1:]): found for found in (path / _PINNED_DIR).glob("v*")}
+    return LoadedCheckpoint(
+        path=path,
+        state=state,
+        adapter_dir=path / _ADAPTER_DIR,
+        in_flight=in_flight,
+        pinned_adapters=dict(sorted(pinned.items())),
+    )

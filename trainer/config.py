@@ -596,6 +596,20 @@ class TrainConfig(_Section):
         gt=0,
         description="The cap C of vllm_importance_sampling_mode (TRL's default, 3.0).",
     )
+    max_off_policy_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Asynchronous training: how many adapter versions a rollout may lag the policy "
+        "it trains (verl's staleness threshold, slime's/AReaL's max off-policy steps; TRL has no "
+        "equivalent). 0: synchronous, each step samples with the adapter of the step before. k >= 1: "
+        "while the learner trains step s, the rollouts of steps s+1..s+k are played; the rollouts of "
+        "step s start once step s-1-k is trained and all sample on that adapter (pacing by step, so a "
+        "seeded run repeats exactly). Each rollout ends on the version it began with; the clipped "
+        "ratio against the sampler's recorded logprobs (or the sampler-to-learner weight, with "
+        "vllm_importance_sampling_correction) corrects the lag; no finished rollout is discarded. "
+        "Metrics: staleness/mean and staleness/max per step. With the vllm engine, max_loras must "
+        "hold k + 2 adapters.",
+    )
 
     # --- optimizer and schedule
     learning_rate: float = Field(default=2e-5, gt=0, description="Peak learning rate (AdamW).")
@@ -738,6 +752,13 @@ class TrainConfig(_Section):
             raise ValueError("ray with vllm.devices: Ray assigns each replica its GPUs; unset devices")
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        if self.engine == "vllm" and self.vllm.max_loras < self.max_off_policy_steps + 2:
+            # The versions in flight (up to k), the newest one and the one being replaced.
+            raise ValueError(
+                f"max_off_policy_steps {self.max_off_policy_steps} keeps up to "
+                f"{self.max_off_policy_steps + 2} adapter versions loaded in vLLM; set vllm.max_loras to "
+                f"at least {self.max_off_policy_steps + 2} (it is {self.vllm.max_loras})"
+            )
         return self
 
     @property

@@ -10,12 +10,14 @@ the hf and vLLM engines seed each request from it, so what a rollout samples doe
 which other rollouts happen to share its batch. Data order comes from the config seed and the epoch;
 dropout from the config seed and the step. Together with checkpoints of the optimizer and the data
 position, a run killed at any point and resumed ends with the same adapter as one never stopped.
+
+Rollouts play on their own event loop (:mod:`trainer.producer`); :mod:`trainer.pipeline` decides
+when each step's rollouts start and on which adapter: right before the step (synchronous, the
+default) or up to ``max_off_policy_steps`` steps ahead, while the learner trains (asynchronous).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import hashlib
 import json
 import logging
@@ -42,25 +44,32 @@ from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
-from trainer.checkpoint import DataPosition, RunState, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    DataPosition,
+    LoadedCheckpoint,
+    RunState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import PolicyServerConfig, TrainConfig
 from trainer.dataset import PromptColumnError, select_prompts
 from trainer.evaluation import EvalResult, evaluate
 from trainer.fanout import (
-    FailureCause,
     FailureCounts,
     Fanout,
     RolloutOutcome,
     RolloutRequest,
     group_is_trainable,
     mean_agent_metrics,
-    resolve_reward,
 )
 from trainer.grpo import group_advantages
 from trainer.learner import Learner
 from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
+from trainer.pipeline import RolloutPipeline, adapter_dirs
 from trainer.placement import Placement, cuda_visible_devices
 from trainer.plan import preflight
+from trainer.producer import PlayedRollout, RolloutProducer
 from trainer.prometheus import StepExporter
 from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
 
@@ -89,13 +98,6 @@ class RunSummary:
     cost: TokenCost
     history: list[dict[str, Any]] = field(default_factory=list)
     eval_table: str | None = None
-
-
-@dataclass
-class PlayedRollout:
-    request: RolloutRequest
-    outcome: RolloutOutcome
-    trace: RolloutTrace
 
 
 def derived_seed(*parts: object) -> int:
@@ -235,9 +237,11 @@ class _Session:
         self.thread = ServerThread(
             self.server, host=config.policy_server.host, port=config.policy_server.port
         )
-        self.runner = asyncio.Runner()
-        self.fanout = Fanout.from_config(config)
         self.job_arn = f"rftkit-{config.output_dir.name}-{uuid.uuid4().hex[:12]}"
+        # Rollouts play on their own event loop, so they can run while the learner trains.
+        self.producer = RolloutProducer(
+            self.server, Fanout.from_config(config), self.job_arn, config.reward_aggregation
+        )
         # What agents get: the agents' key only. The trainer's own operations (jobs, traces,
         # adapters) are method calls on self.server, never served to agents over HTTP.
         self.extras = RftkitExtras(
@@ -246,10 +250,13 @@ class _Session:
             timeout_s=config.rollout_timeout_s,
         )
         self.endpoint = ""
+        # Tokens of the evaluations since the last step (what asynchronous steps count them from).
+        self.eval_tokens = TokenCounters()
         self.metrics_thread: ServingThread | None = None
 
     def start(self) -> None:
         self.thread.start()
+        self.producer.start()
         settings = self.config.policy_server
         if settings.metrics_port is not None:
             self.metrics_thread = start_metrics_server(
@@ -271,8 +278,7 @@ class _Session:
             except Rejection as rejection:  # closed already: nothing is lost, and close() must finish
                 log.warning("closing job %s: %s", self.job_arn, rejection.message)
         try:
-            self.runner.run(self.fanout.aclose())
-            self.runner.close()
+            self.producer.close()
         finally:
             if self.metrics_thread is not None:
                 self.metrics_thread.stop()
@@ -299,24 +305,14 @@ class _Session:
 
     def play(self, requests: list[RolloutRequest]) -> list[PlayedRollout]:
         """Register, dispatch and collect ``requests``; rewards from the answer or from update-reward."""
-        for request in requests:
-            self.server.open_rollout(self.job_arn, request.rollout_id)
-        outcomes = self.runner.run(self.fanout.run(requests))
-        played = []
-        for request, outcome in zip(requests, outcomes, strict=True):
-            try:
-                trace = self.server.take_trace(self.job_arn, request.rollout_id)
-            except Rejection as rejection:
-                # Only the trainer takes traces; should one be gone anyway, that rollout fails (it
-                # has no tokens to train on) and the run goes on.
-                trace = RolloutTrace(job_arn=self.job_arn, rollout_id=request.rollout_id)
-                outcome = _trace_lost(outcome, rejection.message)
-            outcome = resolve_reward(outcome, trace.rewards, self.config.reward_aggregation)
-            played.append(PlayedRollout(request, outcome, trace))
-        return played
+        return self.producer.play(requests)
 
     def play_outcomes(self, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
+        """Play evaluation rollouts; their tokens are added to ``eval_tokens``, their traces released."""
         played = self.play(requests)
+        calls = [call for rollout in played for call in rollout.trace.calls]
+        self.eval_tokens.prefill_tokens += sum(len(call.prompt_token_ids) for call in calls)
+        self.eval_tokens.sample_tokens += sum(len(call.completion_token_ids) for call in calls)
         self.release(played)
         return [rollout.outcome for rollout in played]
 
@@ -327,17 +323,6 @@ class _Session:
 
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
-
-
-def _trace_lost(outcome: RolloutOutcome, message: str) -> RolloutOutcome:
-    return dataclasses.replace(
-        outcome,
-        status="failed",
-        cause=FailureCause.AGENT_ERROR,
-        reward=None,
-        rewards=None,
-        error=f"the rollout's trace could not be taken: {message}",
-    )
 
 
 @dataclass
@@ -445,14 +430,16 @@ def _step_record(
     }
 
 
-def _save_version(learner: Learner | RayLearner, run_dir: Path, version: int) -> Path:
-    """A fresh directory per adapter version; older ones beyond ADAPTERS_KEPT are removed."""
+def _save_version(
+    learner: Learner | RayLearner, run_dir: Path, version: int, keep: int = ADAPTERS_KEPT
+) -> Path:
+    """A fresh directory per adapter version; older ones beyond ``keep`` are removed."""
     adapters = run_dir / "adapters"
     directory = adapters / f"v{version}"
     if directory.exists():  # left by a run that died before checkpointing this version
         shutil.rmtree(directory)
     learner.save_adapter(directory)
-    for old in sorted(adapters.glob("v*"), key=lambda path: int(path.name[1:]))[:-ADAPTERS_KEPT]:
+    for old in sorted(adapters.glob("v*"), key=lambda path: int(path.name[1:]))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return directory
 
@@ -503,6 +490,8 @@ class _Run:
     resumed_from: Path | None
     metrics: MetricsLogger
     session: _Session
+    pipeline: RolloutPipeline
+    loaded: LoadedCheckpoint | None = None
     totals: dict[str, int] = field(default_factory=dict)
     counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
 
@@ -513,6 +502,23 @@ class _Run:
     @property
     def checkpoint_dir(self) -> Path:
         return self.config.output_dir / "checkpoints"
+
+    @property
+    def adapters_kept(self) -> int:
+        """Adapter directories kept: also those the rollouts in flight sample on (asynchronous)."""
+        return max(ADAPTERS_KEPT, self.config.max_off_policy_steps + 2)
+
+    def pick_rows(self) -> list[tuple[int, Any]]:
+        """The next step's rows (with their indices); the data position moves on."""
+        config = self.config
+        picked, self.state.position = next_rows(
+            self.train_rows,
+            config.rows_per_step,
+            self.state.position,
+            seed=config.seed,
+            shuffle=config.shuffle,
+        )
+        return picked
 
 
 @dataclass
@@ -580,11 +586,13 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
         learner = RayLearner(model_dir, config, placement=placement)
     state = RunState()
     resumed_from: Path | None = None
+    loaded: LoadedCheckpoint | None = None
     if resume:
         resumed_from = latest_checkpoint(checkpoint_dir)
         if resumed_from is None:
             raise TrainingError(f"--resume: no checkpoint in {checkpoint_dir}; start without --resume")
-        state = load_checkpoint(resumed_from, learner).state
+        loaded = load_checkpoint(resumed_from, learner)
+        state = loaded.state
         log.info("resumed from %s at step %d", resumed_from, state.step)
     metrics = MetricsLogger(
         run_dir,
@@ -599,18 +607,45 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
     session = _Session(config, build_engine(config, model_dir, placement), images)
     metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
-    return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
+    pipeline = RolloutPipeline(
+        session.producer,
+        max_off_policy_steps=config.max_off_policy_steps,
+        max_steps=config.max_steps,
+        make_requests=lambda step, rows: _step_requests(config, session, step, rows),
+    )
+    return _Run(
+        config, train_rows, eval_rows, learner, state, resumed_from, metrics, session, pipeline, loaded
+    )
 
 
 def _serve_start_adapter(run: _Run) -> None:
-    """Serve the adapter the run starts from: the checkpoint's, or the warm start as version 1."""
-    state = run.state
-    if run.resumed_from is not None and state.adapter_version > 0:
-        run.session.load_adapter(run.resumed_from / "adapter")
-    elif run.resumed_from is None and run.config.init_adapter is not None:
+    """Serve the adapter the run starts from: the checkpoint's, or the warm start as version 1.
+
+    A resumed asynchronous run first loads the older adapters its steps in flight sampled on, and
+    submits those steps again (finished rollouts kept, the rest played again).
+    """
+    state, pipeline, loaded = run.state, run.pipeline, run.loaded
+    if loaded is not None:
+        directories = dict(loaded.pinned_adapters)
+        if state.adapter_version > 0:
+            directories[state.adapter_version] = loaded.adapter_dir
+        missing = {saved["adapter_version"] for saved in loaded.in_flight} - {0, *directories}
+        if missing:
+            raise TrainingError(
+                f"{loaded.path} holds rollouts in flight on adapter versions {sorted(missing)} but not "
+                "those adapters; resume from an earlier checkpoint"
+            )
+        # Oldest first, each version's steps submitted (so pinned) before a newer load retires it.
+        for version in sorted({0, *directories}):
+            if version > 0:
+                pipeline.served(version, run.session.load_adapter(directories[version]))
+            steps = [saved for saved in loaded.in_flight if saved["adapter_version"] == version]
+            pipeline.resume(steps, run.train_rows)
+    elif run.config.init_adapter is not None:
         # The warm-start adapter is version 1: the first evaluation and step sample with it.
         state.adapter_version = 1
-        run.session.load_adapter(_save_version(run.learner, run.run_dir, state.adapter_version))
+        directory = _save_version(run.learner, run.run_dir, state.adapter_version, run.adapters_kept)
+        pipeline.served(state.adapter_version, run.session.load_adapter(directory))
 
 
 def _evaluate(run: _Run, step: int) -> EvalResult:
@@ -650,17 +685,21 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
 
 
 def _run_step(run: _Run, step: int) -> dict[str, Any]:
-    """One GRPO step: rollouts, update, new adapter version, maybe an evaluation, record, checkpoint."""
+    """One GRPO step: rollouts, update, new adapter version, maybe an evaluation, record, checkpoint.
+
+    The rollouts of the next max_off_policy_steps steps are submitted first (:mod:`trainer.pipeline`),
+    so they play while this step's update runs.
+    """
     config, state = run.config, run.state
     step_started = time.monotonic()
-    log.info("step %d: rollouts started", step)
-    picked, state.position = next_rows(
-        run.train_rows, config.rows_per_step, state.position, seed=config.seed, shuffle=config.shuffle
-    )
-    played = run.session.play(_step_requests(run, step, [row for _, row in picked]))
-    rollout_s = time.monotonic() - step_started
+    run.pipeline.fill(step, state.adapter_version, run.pick_rows)
+    rollouts = run.pipeline.take(step)
+    played = rollouts.wait()
+    rollout_wait_s = time.monotonic() - step_started
+    rollout_s = rollouts.seconds
+    staleness = run.pipeline.staleness(rollouts, state.adapter_version)
 
-    batch = _collect(config, played, len(picked))
+    batch = _collect(config, played, len(rollouts.row_indices))
     update = _update(run, step, batch)
     run.session.release(played)
     adapter_load_s = _publish(run, step, update.applied)
@@ -671,9 +710,10 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     if run.eval_rows and (periodic or (last and config.eval_on_end)):
         evaluation = _evaluate(run, step)
 
-    record = _step_record(config, played, batch, _count_tokens(run, update), run.totals, rollout_s)
+    record = _step_record(config, played, batch, _count_tokens(run, update, played), run.totals, rollout_s)
     record["update"] = {"applied": update.applied, **update.metrics}
     record["adapter_version"] = state.adapter_version
+    record["staleness"] = staleness
     replica_stats = getattr(run.session.server.engine, "replica_stats", None)
     if replica_stats is not None:  # inference replicas on Ray: calls per replica, failovers, restarts
         record["replicas"] = replica_stats()
@@ -681,6 +721,7 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
         record["eval"] = evaluation.as_dict()
     record["time_s"] = {
         "rollout": rollout_s,
+        "rollout_wait": rollout_wait_s,
         "update": update.seconds,
         "adapter_load": adapter_load_s,
         "step": time.monotonic() - step_started,
@@ -689,7 +730,14 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
     run.metrics.log_step(step, record)
     _check_failures(step, played)
     if step % config.save_steps == 0 or last:
-        save_checkpoint(run.checkpoint_dir, state, run.learner, keep=config.save_total_limit)
+        save_checkpoint(
+            run.checkpoint_dir,
+            state,
+            run.learner,
+            keep=config.save_total_limit,
+            in_flight=run.pipeline.snapshot(),
+            pinned_adapters=adapter_dirs(run.run_dir, run.pipeline.pinned_versions()),
+        )
         log.info("step %d: checkpoint saved", step)
     return record
 
@@ -710,11 +758,12 @@ def _check_failures(step: int, played: list[PlayedRollout]) -> None:
     )
 
 
-def _step_requests(run: _Run, step: int, rows: list[Any]) -> list[RolloutRequest]:
+def _step_requests(
+    config: TrainConfig, session: _Session, step: int, rows: list[Any]
+) -> list[RolloutRequest]:
     """G rollouts per row, each with a fresh id and its own sampling seed."""
-    config = run.config
     return [
-        run.session.request(
+        session.request(
             row,
             f"s{step}-g{group}-{member}-{uuid.uuid4().hex[:8]}",
             group,
@@ -763,20 +812,33 @@ def _publish(run: _Run, step: int, updated: bool) -> float:
     started = time.monotonic()
     if updated:
         run.state.adapter_version += 1
-        directory = _save_version(run.learner, run.run_dir, run.state.adapter_version)
+        directory = _save_version(run.learner, run.run_dir, run.state.adapter_version, run.adapters_kept)
         served = run.session.load_adapter(directory)
+        run.pipeline.served(run.state.adapter_version, served)
         log.info("step %d: adapter v%d served as version %d", step, run.state.adapter_version, served)
     return time.monotonic() - started
 
 
-def _count_tokens(run: _Run, update: _StepUpdate) -> dict[str, int]:
-    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on."""
+def _count_tokens(run: _Run, update: _StepUpdate, played: list[PlayedRollout]) -> dict[str, int]:
+    """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on.
+
+    Synchronous: what the server counted since the last step. Asynchronous: the server meanwhile also
+    sampled for later steps, as far as timing let it, so the step's own rollouts' traces are counted
+    (and the evaluations' since the last step), which a repeated run counts the same.
+    """
     counters = run.session.server.counters(run.session.job_arn)
-    tokens = {
-        "prefill": counters.prefill_tokens - run.counted.prefill_tokens,
-        "sample": counters.sample_tokens - run.counted.sample_tokens,
-        "train": int(update.metrics.get("train_tokens", 0)),
-    }
+    if run.config.max_off_policy_steps == 0:
+        prefill = counters.prefill_tokens - run.counted.prefill_tokens
+        sample = counters.sample_tokens - run.counted.sample_tokens
+    else:
+        evaluated, run.session.eval_tokens = run.session.eval_tokens, TokenCounters()
+        prefill = evaluated.prefill_tokens + sum(
+            len(c.prompt_token_ids) for r in played for c in r.trace.calls
+        )
+        sample = evaluated.sample_tokens + sum(
+            len(c.completion_token_ids) for r in played for c in r.trace.calls
+        )
+    tokens = {"prefill": prefill, "sample": sample, "train": int(update.metrics.get("train_tokens", 0))}
     run.counted = counters
     run.totals = {key: run.totals[key] + tokens[key] for key in run.totals}
     return tokens

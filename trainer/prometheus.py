@@ -11,8 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-# Step-time phases of a record's ``time_s``: rollouts, the optimizer update, serving the new adapter.
-PHASES = ("rollout", "update", "adapter_load", "step")
+# Step-time phases of a record's ``time_s``: rollouts (their own wall time, and how long the learner
+# waited for them), the optimizer update, serving the new adapter.
+PHASES = ("rollout", "rollout_wait", "update", "adapter_load", "step")
 
 
 class StepExporter:
@@ -43,6 +44,11 @@ class StepExporter:
         self.step_seconds = gauge(
             "rftkit_train_step_seconds", "Seconds of the last step, by phase.", ("phase",)
         )
+        self.staleness = gauge(
+            "rftkit_train_staleness",
+            "Adapter versions the last step's rollouts lagged the policy they trained (mean, max).",
+            ("stat",),
+        )
         self.eval_success = gauge("rftkit_eval_success_rate", "Success rate of the last evaluation.")
         self.eval_reward = gauge("rftkit_eval_reward_mean", "Mean reward of the last evaluation.")
         self.cost = gauge("rftkit_train_cost_usd", "Estimated dollars spent by the run so far.")
@@ -70,6 +76,8 @@ class StepExporter:
             (self.loss, "loss"),
         ):
             _set(gauge, update.get(key))
+        for stat, value in record.get("staleness", {}).items():
+            _set(self.staleness.labels(stat), value)
         for phase in PHASES:
             _set(self.step_seconds.labels(phase), record.get("time_s", {}).get(phase))
         rollouts = record.get("rollouts", {})

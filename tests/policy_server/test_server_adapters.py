@@ -134,3 +134,29 @@ def test_versions_are_numbered_freshly_and_retired_ones_unloaded(
     with pytest.raises(ValueError, match="not a peft adapter directory"):
         thread.run(server.load_adapter(tmp_path / "missing"))
     assert server.current_adapter_version == start + 2
+
+
+def test_a_pinned_rollout_samples_on_its_version_until_its_trace_is_taken(
+    served: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+) -> None:
+    """Asynchronous training: a rollout opened on version v keeps sampling on v (and v stays loaded)
+    while newer versions are loaded; once its trace is taken, v is unloaded at the next load."""
+    server, thread = served
+    pinned = thread.run(server.load_adapter(random_adapter(tmp_path / "p", seed=4, std=0.5)))
+    server.open_rollout(JOB, "pinned", adapter_version=pinned)
+    server.open_rollout(JOB, "unpinned")
+    newer = thread.run(server.load_adapter(random_adapter(tmp_path / "n", seed=5, std=0.5)))
+    assert server.loaded_adapter_versions == (pinned, newer)
+    assert server.pinned_adapter_versions == (pinned,)
+    with _client(thread.url, "pinned") as on_pinned, _client(thread.url, "unpinned") as on_newer:
+        assert _greedy(on_pinned) != _greedy(on_newer)
+    assert [call.adapter_version for call in server.take_trace(JOB, "pinned").calls] == [pinned]
+    assert [call.adapter_version for call in server.take_trace(JOB, "unpinned").calls] == [newer]
+    assert server.pinned_adapter_versions == ()
+    latest = thread.run(server.load_adapter(random_adapter(tmp_path / "l", seed=6, std=0.5)))
+    assert server.loaded_adapter_versions == (latest,)
+    with pytest.raises(ValueError, match="not loaded"):
+        server.open_rollout(JOB, "stale", adapter_version=pinned)
