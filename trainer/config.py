@@ -300,6 +300,16 @@ class PolicyServerConfig(_Section):
         "on the same host, apart from the port agents call; 0 picks a free one; unset: no metrics.",
     )
 
+    gateway_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Gateway processes serving the agents' port (vllm engine only): 1 serves it from "
+        "the trainer's process; more start that many worker processes sharing the port, the job state "
+        "staying in the trainer's process. One worker spends about one core of Python per ~1,000 calls "
+        "a second (bench/gateway_overhead.py).",
+    )
+
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -602,6 +612,11 @@ class TrainConfig(_Section):
         if self.engine == "vllm" and self.vllm.max_lora_rank < self.lora.r:
             raise ValueError(
                 f"vllm.max_lora_rank ({self.vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
+            )
+        if self.policy_server.gateway_workers > 1 and self.engine != "vllm":
+            raise ValueError(
+                "policy_server.gateway_workers > 1 needs engine: vllm (the workers attach to its server); "
+                "the hf engine runs in the trainer's process, so it is served by one gateway worker"
             )
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")

@@ -35,9 +35,9 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.gateway_pool import serve_gateway
 from policy_server.jobs import Rejection
 from policy_server.metrics import start_metrics_server
-from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
@@ -218,8 +218,11 @@ class _Session:
             api_key=config.policy_server.api_key,
             sagemaker_tokens=sagemaker_token_policy(config.policy_server),
         )
-        self.thread = ServerThread(
-            self.server, host=config.policy_server.host, port=config.policy_server.port
+        self.thread = serve_gateway(
+            self.server,
+            config.policy_server.host,
+            config.policy_server.port,
+            workers=config.policy_server.gateway_workers,
         )
         self.runner = asyncio.Runner()
         self.fanout = Fanout.from_config(config)
