@@ -67,6 +67,15 @@ class _Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self.ready = threading.Event()
         self.log = Path()
+        self.calls = 0  # calls admitted through this worker, over its restarts
+
+
+class _Link:
+    """One worker connection: which worker (once it said so) and the adapter versions it holds."""
+
+    def __init__(self) -> None:
+        self.worker: _Worker | None = None
+        self.held: Counter[int] = Counter()
 
 
 class GatewayPool:
@@ -101,6 +110,10 @@ class GatewayPool:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    def calls_by_worker(self) -> list[int]:
+        """Chat calls admitted through each worker so far (how the kernel spread the connections)."""
+        return [worker.calls for worker in self.workers]
 
     def start(self) -> GatewayPool:
         """Start the engine and the link here, then the workers; return once all of them listen."""
@@ -169,19 +182,29 @@ class GatewayPool:
         return asyncio.ensure_future(self._watch())
 
     async def _serve_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held: Counter[int] = Counter()
+        link = _Link()
         try:
-            await serve_link(reader, writer, self._handlers(held))
+            await serve_link(reader, writer, self._handlers(link))
         finally:
             # A worker that died mid-call never releases what it held; without this, a version
             # its calls used would stay loaded in vLLM for the rest of the run.
-            for version, count in list(held.items()):
+            for version, count in list(link.held.items()):
                 for _ in range(count):
                     self.server.metrics.calls_in_flight.dec()
                     await self.server.release_adapter_version(version)
 
-    def _handlers(self, held: Counter[int]) -> dict[str, Handler]:
-        server, registry = self.server, self.server.registry
+    def _handlers(self, link: _Link) -> dict[str, Handler]:
+        server, registry, held = self.server, self.server.registry, link.held
+
+        def ready(index: int) -> None:
+            link.worker = self.workers[index]
+            link.worker.ready.set()
+
+        def start_call(job_arn: str, rollout_id: str) -> CallTicket:
+            ticket = registry.start_call(job_arn, rollout_id)
+            if link.worker is not None:
+                link.worker.calls += 1
+            return ticket
 
         def acquire() -> int:
             version = server.acquire_adapter_version()
@@ -203,7 +226,7 @@ class GatewayPool:
         return {
             "limits": registry.limits,
             "check_rollout": registry.check_rollout,
-            "start_call": registry.start_call,
+            "start_call": start_call,
             "record_call": record_call,
             "reject_call": registry.reject_call,
             "complete_rollout": server.complete_rollout,
@@ -220,7 +243,7 @@ class GatewayPool:
             "current_version": lambda: server.current_adapter_version,
             "loaded_versions": lambda: server.loaded_adapter_versions,
             "load_adapter": server.load_adapter,
-            "ready": lambda index: self.workers[index].ready.set(),
+            "ready": ready,
         }
 
     async def _watch(self) -> None:
@@ -230,6 +253,7 @@ class GatewayPool:
                 process = worker.process
                 if self._stopping or process is None or process.poll() is None:
                     continue
+                worker.ready.clear()
                 self._report_exit(worker, process.returncode)
                 if self._restarts < MAX_RESTARTS:
                     self._restarts += 1

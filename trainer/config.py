@@ -306,8 +306,8 @@ class PolicyServerConfig(_Section):
         le=64,
         description="Gateway processes serving the agents' port (vllm engine only): 1 serves it from "
         "the trainer's process; more start that many worker processes sharing the port, the job state "
-        "staying in the trainer's process. One worker spends about one core of Python per ~1,000 calls "
-        "a second (bench/gateway_overhead.py).",
+        "staying in the trainer's process (docs/architecture.md). Each worker uses up to one core; "
+        "the cost per call is in bench/results/gateway_cpu.json and gateway_overhead.json.",
     )
 
     @field_validator("public_url")
