@@ -62,6 +62,20 @@ async def wait_healthy(url: str, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
+async def wait_serving(url: str, *, direct: bool, timeout_s: float = 600) -> None:
+    """Until a chat call succeeds: a gateway answers /health before its job is open."""
+    await wait_healthy(url, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await drive(url, direct=direct, clients=1, per_client=1)
+            return
+        except aiohttp.ClientError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def drive(url: str, *, direct: bool, clients: int, per_client: int) -> dict[str, float]:
     """`clients` concurrent loops of `per_client` sequential calls; latency of each call."""
     latencies: list[float] = []
@@ -165,7 +179,7 @@ async def run(args: argparse.Namespace) -> dict:
             processes.append(gateway)
             sides[f"gateway_{workers}w"] = (gateway.pid, f"http://127.0.0.1:{port}", False)
         for _, url, direct in sides.values():
-            await wait_healthy(url)
+            await wait_serving(url, direct=direct)
             await drive(url, direct=direct, clients=4, per_client=5)  # warm-up every path
         rows = [await measure_clients(sides, clients, args) for clients in args.clients]
         settings = {"rounds": args.rounds, "max_tokens": BODY["max_tokens"], "workers": args.workers}
