@@ -148,6 +148,8 @@ def gateway_command(model_dir: Path, vllm_port: int, port: int, workers: int) ->
         "warning",
         "--max-calls-per-rollout",
         "1000000",
+        "--max-open-rollouts",  # every call is a rollout of its own, and none is ever taken
+        "1000000",
     ]
 
 

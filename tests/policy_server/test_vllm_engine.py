@@ -2,7 +2,8 @@
 
 The proof that training sees what sampling did: the logprobs the gateway recorded from vLLM equal a
 teacher-forced forward pass of the trainer-side model (transformers + peft, same adapter) over the
-recorded ids, to 1e-3 on CPU float32.
+recorded ids, to 1e-3 on CPU float32. The module's vLLM also serves a pool of two gateway workers
+(the last tests): the same traces as one gateway, both keys enforced, a dead worker reported.
 """
 
 from __future__ import annotations
