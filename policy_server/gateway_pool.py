@@ -99,7 +99,7 @@ class GatewayPool:
         self.failures: list[str] = []
         self._restarts = 0
         self._stopping = False
-        self._dir = Path()
+        self._dir: Path | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -155,9 +155,12 @@ class GatewayPool:
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(STOP_TIMEOUT_S)
+            if not self._thread.is_alive():
+                self._loop.close()
         if self._sock is not None:
             self._sock.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> GatewayPool:
         return self.start()
@@ -165,11 +168,16 @@ class GatewayPool:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _path(self, name: str) -> Path:
+        """A file in the pool's private directory (the link's socket, the workers' logs)."""
+        assert self._dir is not None, "the pool has not been started"
+        return self._dir / name
+
     # On the pool's loop.
 
     async def _open(self) -> None:
         await self.server.start()
-        self._link_server = await asyncio.start_unix_server(self._serve_worker, str(self._dir / "state.sock"))
+        self._link_server = await asyncio.start_unix_server(self._serve_worker, str(self._path("state.sock")))
 
     async def _close(self) -> None:
         if self._watcher is not None:
@@ -281,7 +289,7 @@ class GatewayPool:
         return WorkerSettings(
             index=worker.index,
             listen_fd=self._sock.fileno(),
-            link_path=str(self._dir / "state.sock"),
+            link_path=str(self._path("state.sock")),
             model_dir=server.engine.model_dir,
             engine=server.engine.attach_settings(),
             policy_name=server.policy_name,
@@ -296,7 +304,7 @@ class GatewayPool:
     def _spawn(self, worker: _Worker) -> None:
         assert self._sock is not None
         worker.ready.clear()
-        worker.log = self._dir / f"worker-{worker.index}.log"
+        worker.log = self._path(f"worker-{worker.index}.log")
         env = dict(os.environ, **{WORKER_ENV: self._settings(worker).model_dump_json()})
         with open(worker.log, "ab") as log:
             worker.process = subprocess.Popen(
