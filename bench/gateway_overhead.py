@@ -1,14 +1,17 @@
-"""What the policy gateway costs on top of vLLM: added latency per call and throughput.
+"""What the policy gateway costs on top of vLLM: added latency, throughput, CPU per call.
 
-Starts one vLLM server (from vLLM's own environment) and one `rft serve` gateway attached to it, both
-as separate processes, then drives the same chat request through each from this process at 1, 16 and
-64 concurrent clients. Rounds alternate direct/gateway so machine noise hits both alike; the report
-gives medians over rounds.
+Starts one vLLM server (from vLLM's own environment) and two `rft serve` gateways attached to it, one
+with a single gateway worker (the trainer's process serves) and one with ``--workers`` worker
+processes, all as separate processes, then drives the same chat request directly and through each
+gateway from this process (aiohttp, one session per side) at 1, 16 and 64 concurrent clients.
+Rounds alternate direct / 1 worker / N workers so machine noise hits all alike; the report gives
+medians over rounds, each gateway's throughput as a ratio of direct's, and the CPU each side's
+processes spent per call (the gateway's: its process and its workers; direct's: vLLM's).
 
-    .venv/bin/python bench/gateway_overhead.py [--rounds 3] [--requests-per-client 20]
+    nice -n 10 .venv/bin/python bench/gateway_overhead.py [--rounds 3] [--workers 2]
 
-Writes bench/results/gateway_overhead.json and prints a table. Targets (issue 3): gateway p50
-overhead <= 2 ms; gateway throughput >= 0.9x direct at 64 clients.
+Writes bench/results/gateway_overhead.json and prints a table. Targets: gateway p50 overhead <= 2 ms
+(issue 3); gateway throughput >= 0.95x direct at 64 clients (issue 12).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import time
 import uuid
 from pathlib import Path
 
+import aiohttp
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -57,11 +62,25 @@ async def wait_healthy(url: str, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
+async def wait_serving(url: str, *, direct: bool, timeout_s: float = 600) -> None:
+    """Until a chat call succeeds: a gateway answers /health before its job is open."""
+    await wait_healthy(url, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await drive(url, direct=direct, clients=1, per_client=1)
+            return
+        except aiohttp.ClientError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def drive(url: str, *, direct: bool, clients: int, per_client: int) -> dict[str, float]:
     """`clients` concurrent loops of `per_client` sequential calls; latency of each call."""
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=clients + 4)
+    async with aiohttp.ClientSession(url, connector=connector) as session:
 
         async def one_client() -> None:
             for _ in range(per_client):
@@ -70,9 +89,10 @@ async def drive(url: str, *, direct: bool, clients: int, per_client: int) -> dic
                     body.update(model="policy", logprobs=True, return_token_ids=True)
                 headers = {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: uuid.uuid4().hex}
                 start = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=body, headers=headers)
-                latencies.append(time.perf_counter() - start)
-                response.raise_for_status()
+                async with session.post("/v1/chat/completions", json=body, headers=headers) as response:
+                    await response.read()
+                    latencies.append(time.perf_counter() - start)
+                    response.raise_for_status()
 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -85,10 +105,58 @@ async def drive(url: str, *, direct: bool, clients: int, per_client: int) -> dic
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and all its descendants (gateway workers, vLLM's engine core)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def measured(pid: int, url: str, *, direct: bool, clients: int, per_client: int) -> dict[str, float]:
+    """One round of :func:`drive` plus the CPU the serving side's processes spent per call."""
+    before = cpu_seconds(pid)
+    result = await drive(url, direct=direct, clients=clients, per_client=per_client)
+    result["cpu_ms_per_call"] = 1000 * (cpu_seconds(pid) - before) / (clients * per_client)
+    return result
+
+
+def gateway_command(model_dir: Path, vllm_port: int, port: int, workers: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "handlers.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--vllm-url",
+        f"http://127.0.0.1:{vllm_port}",
+        "--port",
+        str(port),
+        "--gateway-workers",
+        str(workers),
+        "--open-job",
+        JOB,
+        "--log-level",
+        "warning",
+        "--max-calls-per-rollout",
+        "1000000",
+        "--max-open-rollouts",  # every call is a rollout of its own, and none is ever taken
+        "1000000",
+    ]
+
+
 async def run(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rftkit-bench-"))
     model_dir = build_tiny_model(work / "model", seed=0)
-    vllm_port, gateway_port = _free_port(), _free_port()
+    vllm_port = _free_port()
     vllm_python = os.environ.get("RFTKIT_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
     engine = VLLMEngine(model_dir, python=vllm_python, port=vllm_port)
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_CPU_KVCACHE_SPACE="1")
@@ -99,70 +167,54 @@ async def run(args: argparse.Namespace) -> dict:
         env=env,
         start_new_session=True,
     )
-    gateway = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "handlers.cli",
-            "serve",
-            "--engine",
-            "vllm",
-            "--model",
-            str(model_dir),
-            "--vllm-url",
-            f"http://127.0.0.1:{vllm_port}",
-            "--port",
-            str(gateway_port),
-            "--open-job",
-            JOB,
-            "--log-level",
-            "warning",
-            "--max-calls-per-rollout",
-            "1000000",
-        ],
-        stdout=open(work / "gateway.log", "wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    direct_url, gateway_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{gateway_port}"
+    processes, sides = [vllm], {"direct": (vllm.pid, f"http://127.0.0.1:{vllm_port}", True)}
     try:
-        await wait_healthy(direct_url)
-        await wait_healthy(gateway_url)
-        for url, direct in ((direct_url, True), (gateway_url, False)):  # warm-up both paths
-            await drive(url, direct=direct, clients=4, per_client=5)
-        rows = []
-        for clients in args.clients:
-            per_client = max(2, args.requests_per_client * 16 // max(clients, 16))
-            rounds: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
-            for _ in range(args.rounds):
-                rounds["direct"].append(
-                    await drive(direct_url, direct=True, clients=clients, per_client=per_client)
-                )
-                rounds["gateway"].append(
-                    await drive(gateway_url, direct=False, clients=clients, per_client=per_client)
-                )
-            med = {
-                path: {key: statistics.median(r[key] for r in results) for key in results[0]}
-                for path, results in rounds.items()
-            }
-            rows.append(
-                {
-                    "clients": clients,
-                    "calls_per_round": clients * per_client,
-                    "direct": med["direct"],
-                    "gateway": med["gateway"],
-                    "p50_overhead_ms": med["gateway"]["p50_ms"] - med["direct"]["p50_ms"],
-                    "p99_overhead_ms": med["gateway"]["p99_ms"] - med["direct"]["p99_ms"],
-                    "throughput_ratio": med["gateway"]["requests_per_s"] / med["direct"]["requests_per_s"],
-                }
+        await wait_healthy(sides["direct"][1])
+        for workers in (1, args.workers):
+            port = _free_port()
+            gateway = subprocess.Popen(
+                gateway_command(model_dir, vllm_port, port, workers),
+                stdout=open(work / f"gateway-{workers}.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        return {"rounds": args.rounds, "max_tokens": BODY["max_tokens"], "rows": rows}
+            processes.append(gateway)
+            sides[f"gateway_{workers}w"] = (gateway.pid, f"http://127.0.0.1:{port}", False)
+        for _, url, direct in sides.values():
+            await wait_serving(url, direct=direct)
+            await drive(url, direct=direct, clients=4, per_client=5)  # warm-up every path
+        rows = [await measure_clients(sides, clients, args) for clients in args.clients]
+        settings = {"rounds": args.rounds, "max_tokens": BODY["max_tokens"], "workers": args.workers}
+        return {**settings, "rows": rows}
     finally:
-        for process in (gateway, vllm):
+        for process in reversed(processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for process in (gateway, vllm):
+        for process in processes:
             process.wait(timeout=60)
+
+
+async def measure_clients(
+    sides: dict[str, tuple[int, str, bool]], clients: int, args: argparse.Namespace
+) -> dict:
+    """Alternating rounds of every side at ``clients`` concurrent clients; medians and ratios."""
+    per_client = max(2, args.requests_per_client * 16 // max(clients, 16))
+    rounds: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for _ in range(args.rounds):
+        for side, (pid, url, direct) in sides.items():
+            rounds[side].append(
+                await measured(pid, url, direct=direct, clients=clients, per_client=per_client)
+            )
+    med = {
+        side: {key: statistics.median(r[key] for r in results) for key in results[0]}
+        for side, results in rounds.items()
+    }
+    row: dict = {"clients": clients, "calls_per_round": clients * per_client, **med}
+    for side in sides:
+        if side != "direct":
+            row[f"{side}_p50_overhead_ms"] = med[side]["p50_ms"] - med["direct"]["p50_ms"]
+            row[f"{side}_throughput_ratio"] = med[side]["requests_per_s"] / med["direct"]["requests_per_s"]
+    return row
 
 
 def main() -> None:
@@ -170,22 +222,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=20)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--workers", type=int, default=2, help="gateway workers of the second gateway")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gateway_overhead.json")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    print(
-        f"{'clients':>7} {'direct p50':>10} {'gw p50':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
-        f"{'direct rps':>10} {'gw rps':>8} {'ratio':>6}"
-    )
+    sides = ["gateway_1w", f"gateway_{args.workers}w"]
+    header = ("clients", "side", "p50 ms", "+p50 ms", "rps", "ratio", "cpu ms/call")
+    print(" ".join(f"{name:>{width}}" for name, width in zip(header, (7, 12, 8, 8, 7, 6, 11), strict=True)))
     for row in result["rows"]:
         print(
-            f"{row['clients']:>7} {row['direct']['p50_ms']:>10.2f} {row['gateway']['p50_ms']:>8.2f} "
-            f"{row['p50_overhead_ms']:>8.2f} {row['p99_overhead_ms']:>8.2f} "
-            f"{row['direct']['requests_per_s']:>10.1f} {row['gateway']['requests_per_s']:>8.1f} "
-            f"{row['throughput_ratio']:>6.2f}"
+            f"{row['clients']:>7} {'direct':>12} {row['direct']['p50_ms']:>8.2f} {'':>8} "
+            f"{row['direct']['requests_per_s']:>7.1f} {'':>6} {row['direct']['cpu_ms_per_call']:>11.2f}"
         )
+        for side in sides:
+            print(
+                f"{'':>7} {side:>12} {row[side]['p50_ms']:>8.2f} {row[f'{side}_p50_overhead_ms']:>8.2f} "
+                f"{row[side]['requests_per_s']:>7.1f} {row[f'{side}_throughput_ratio']:>6.2f} "
+                f"{row[side]['cpu_ms_per_call']:>11.2f}"
+            )
     print(f"written to {args.out}")
 
 

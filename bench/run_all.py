@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ["hf_engine", "gateway_overhead", "merge_ratio", "soak", "fanout_capacity", "adapter_transfer"]
+BENCHMARKS = [
+    "hf_engine",
+    "gateway_cpu",
+    "gateway_overhead",
+    "merge_ratio",
+    "soak",
+    "fanout_capacity",
+    "adapter_transfer",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.chat_templates import ChatTemplateError
 from policy_server.engines.base import Engine
+from policy_server.gateway_pool import serve_gateway
 from policy_server.images import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -17,7 +18,6 @@ from policy_server.images import (
     ImageLimits,
 )
 from policy_server.metrics import start_metrics_server
-from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
 
@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--adapter", type=Path, help="peft LoRA adapter directory to serve as version 1")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port (vllm engine only); 1: this process (default: 1)",
+    )
     parser.add_argument(
         "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
     )
@@ -198,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels) < 1:
         print("rft serve: --max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more")
         return 2
+    if args.gateway_workers < 1 or (args.gateway_workers > 1 and args.engine != "vllm"):
+        print("rft serve: --gateway-workers is at least 1, and more than 1 needs --engine vllm")
+        return 2
     _stop_on_interrupt_or_term()
     tokens = None
     if args.accept_sagemaker_tokens:
@@ -217,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         image_limits=_image_limits(args),
     )
     try:
-        thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()
+        thread = serve_gateway(
+            server, args.host, args.port, workers=args.gateway_workers, log_level=args.log_level
+        ).start()
     except RuntimeError as error:  # the engine refused to start (an attached vLLM without LoRA, ...)
         print(f"rft serve: {error}")
         return 2

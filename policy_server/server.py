@@ -312,6 +312,18 @@ class PolicyServer:
             await self._unload_retired()
         return version
 
+    def acquire_adapter_version(self, job_arn: str, rollout_id: str) -> int:
+        """The version a call of this rollout samples on (its pinned one, else the current one), held
+        until :meth:`release_adapter_version`: for calls served in other processes (gateway workers),
+        so a version they still use is never unloaded under them."""
+        return self._versions.acquire((job_arn, rollout_id))
+
+    async def release_adapter_version(self, version: int) -> None:
+        """End one hold of :meth:`acquire_adapter_version`; unload the version if it is retired now."""
+        self._versions.release(version)
+        if version != self._versions.current:
+            await self._unload_retired()
+
     async def _unload_retired(self) -> None:
         for version in self._versions.retired():
             if version not in self._versions.loaded:  # another call retired it while we awaited

@@ -417,6 +417,16 @@ class PolicyServerConfig(_Section):
         """The ``max_image*`` settings, as the gateway takes them."""
         return ImageLimits(self.max_image_bytes, self.max_images_per_call, self.max_image_pixels)
 
+    gateway_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Gateway processes serving the agents' port (vllm engine only): 1 serves it from "
+        "the trainer's process; more start that many worker processes sharing the port, the job state "
+        "staying in the trainer's process (docs/architecture.md). Each worker uses up to one core; "
+        "the cost per call is in bench/results/gateway_cpu.json and gateway_overhead.json.",
+    )
+
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -750,6 +760,16 @@ class TrainConfig(_Section):
             )
         if self.ray is not None and self.vllm.devices is not None:
             raise ValueError("ray with vllm.devices: Ray assigns each replica its GPUs; unset devices")
+        if self.policy_server.gateway_workers > 1 and self.engine != "vllm":
+            raise ValueError(
+                "policy_server.gateway_workers > 1 needs engine: vllm (the workers attach to its server); "
+                "the hf engine runs in the trainer's process, so it is served by one gateway worker"
+            )
+        if self.policy_server.gateway_workers > 1 and self.ray is not None:
+            raise ValueError(
+                "policy_server.gateway_workers > 1 with a ray section: gateway workers attach to one vLLM "
+                "server, not to Ray replicas; set gateway_workers: 1"
+            )
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
         if self.engine == "vllm" and self.vllm.max_loras < self.max_off_policy_steps + 2:

@@ -37,10 +37,10 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.gateway_pool import serve_gateway
 from policy_server.image_store import ImageStore
 from policy_server.jobs import Rejection
 from policy_server.metrics import start_metrics_server
-from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
@@ -234,8 +234,11 @@ class _Session:
             image_limits=config.policy_server.image_limits(),
             image_store=images,
         )
-        self.thread = ServerThread(
-            self.server, host=config.policy_server.host, port=config.policy_server.port
+        self.thread = serve_gateway(
+            self.server,
+            config.policy_server.host,
+            config.policy_server.port,
+            workers=config.policy_server.gateway_workers,
         )
         self.job_arn = f"rftkit-{config.output_dir.name}-{uuid.uuid4().hex[:12]}"
         # Rollouts play on their own event loop, so they can run while the learner trains.

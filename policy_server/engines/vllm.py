@@ -6,7 +6,10 @@ vLLM pins its own torch and transformers, so rftkit never imports it: it starts
 
 Every call is forwarded non-streaming (some vLLM versions drop token ids when streaming with tool or
 reasoning parsers; the gateway re-emits SSE itself) with ``return_token_ids`` and ``logprobs``, so
-the exact prompt ids, sampled ids and their logprobs come back with the parsed message.
+the exact prompt ids, sampled ids and their logprobs come back with the parsed message. Those calls
+go through aiohttp, the rest (health, adapters, metrics) through httpx: per call, aiohttp's client
+spends about a quarter of httpx's CPU (bench/gateway_cpu.py), and this hop was the gateway's largest
+cost per call.
 
 Images: for a vision-language model (a ``config.json`` with a ``vision_config`` and an
 ``image_token_id``, e.g. Qwen2-VL) the engine takes images (``supports_images``). Messages go to vLLM
@@ -37,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from policy_server.chat_templates import chat_template_path
@@ -128,6 +132,7 @@ class VLLMEngine:
     def supports_images(self) -> bool:
         """Whether the model takes images (a vision-language model's directory)."""
         return self.image_token_id is not None
+        self._chat_session: aiohttp.ClientSession | None = None
 
     @property
     def base_url(self) -> str:
@@ -137,6 +142,17 @@ class VLLMEngine:
 
     def adapter_name(self, version: int) -> str:
         return self.model_name if version == 0 else f"{self.model_name}-v{version}"
+
+    def attach_settings(self) -> dict[str, Any]:
+        """Keyword arguments (JSON) of a ``VLLMEngine`` attached to this started one's server, as the
+        gateway's worker processes use it."""
+        return {
+            "base_url": self.base_url,
+            "served_name": self.model_name,
+            "api_key": self._api_key,
+            "request_timeout_s": self._request_timeout_s,
+            "logprobs_mode": self.logprobs_mode,
+        }
 
     def command(self, port: int) -> list[str]:
         """The command line that starts vLLM's OpenAI server for this engine."""
@@ -227,6 +243,12 @@ class VLLMEngine:
             timeout=httpx.Timeout(self._request_timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
         )
+        self._chat_session = aiohttp.ClientSession(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=self._request_timeout_s, connect=10.0),
+            connector=aiohttp.TCPConnector(limit=512),
+        )
         await self._wait_healthy()
         if self._attached:
             await self._check_attached()
@@ -298,6 +320,9 @@ class VLLMEngine:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._chat_session is not None:
+            await self._chat_session.close()
+            self._chat_session = None
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -356,10 +381,20 @@ class VLLMEngine:
             body["reasoning_effort"] = request.reasoning_effort
         if request.chat_template_kwargs:
             body["chat_template_kwargs"] = request.chat_template_kwargs
-        response = await self._post("/v1/chat/completions", body)
-        if response.status_code != 200:
-            raise VLLMEngineError(f"vLLM answered {response.status_code}: {_error_message(response)}")
-        return self._parse_completion(response.json())
+        return self._parse_completion(await self._chat(body))
+
+    async def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self._chat_session is None:
+            raise VLLMEngineError("the vLLM engine has not been started")
+        try:
+            async with self._chat_session.post("/v1/chat/completions", json=body) as response:
+                status, payload = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise VLLMEngineError(f"vLLM at {self._base_url} is unreachable: {exc!r}") from exc
+        if status != 200:
+            raise VLLMEngineError(f"vLLM answered {status}: {_message_of(payload.decode(errors='replace'))}")
+        answer: dict[str, Any] = json.loads(payload)
+        return answer
 
     def _parse_completion(self, data: dict[str, Any]) -> GenerationResult:
         choice = data["choices"][0]
@@ -479,10 +514,15 @@ def _is_missing_route(response: httpx.Response) -> bool:
 
 
 def _error_message(response: httpx.Response) -> str:
+    return _message_of(response.text)
+
+
+def _message_of(text: str) -> str:
+    """The message of an error body: OpenAI's ``error.message`` when there is one, else the text."""
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        return response.text[:500]
+        return text[:500]
     error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         return str(error.get("message", error))

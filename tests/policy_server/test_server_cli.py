@@ -68,6 +68,14 @@ def test_serve_refuses_an_admin_key_agents_would_hold(
     assert "--admin-key must differ from --api-key" in capsys.readouterr().out
 
 
+def test_serve_refuses_gateway_workers_without_vllm(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The hf engine lives in the serving process: worker processes could not share it.
+    assert main(["--model", str(tiny_model_dir), "--port", "0", "--gateway-workers", "2"]) == 2
+    assert "more than 1 needs --engine vllm" in capsys.readouterr().out
+
+
 def test_serve_puts_the_hf_engine_on_the_device_and_dtype_asked(tiny_model_dir: Path) -> None:
     import torch
 

