@@ -8,8 +8,10 @@
    ``rft train`` against it: the policy server with the ``hf`` engine (or ``vllm``), evaluation on
    the 64 fixed mazes (two rollouts each, sampled as in training), GRPO, evaluation again;
 4. prints the before/after table and leaves in the run directory the metrics, the MLflow store, a
-   plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``) and
-   the training config (``train.yaml``) to rerun with ``rft train``.
+   plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``), the
+   training config (``train.yaml``) to rerun with ``rft train``, and a gallery of a few evaluation
+   episodes before and after (``gallery/``, one PNG strip per episode; in MLflow with their frames
+   and moves, see ``trainer/demo_gallery.py``).
 
     rft demo                  # the full demo, about 10 minutes on 2 CPU cores
     rft demo --quick          # a smaller run (32 mazes, 16 steps), about four minutes
@@ -96,6 +98,7 @@ SMOLLM2_CHAT_TEMPLATE = "chatml-tools"
 TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
 PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
 AGENT_PORT_FOR_RERUN = 8080
+GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
 
 
 def banner(text: str) -> None:
@@ -316,6 +319,8 @@ def run_demo(
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
     from agents.maze.demonstrations import maze_demonstrations
+    from policy_server.chat_templates import load_tokenizer
+    from trainer.demo_gallery import EpisodeGallery
     from trainer.loop import train
     from trainer.sft import run_sft
 
@@ -386,7 +391,8 @@ def run_demo(
             f"4/5 evaluate on {plan.eval_rows} fixed mazes, GRPO for {plan.grpo_steps} steps "
             f"({plan.rows_per_step} mazes x {plan.num_generations} rollouts), evaluate again"
         )
-        summary = train(config)
+        gallery = EpisodeGallery(run_dir, load_tokenizer(model_dir, chat_template).decode, GALLERY_MAZES)
+        summary = train(config, on_evaluation=gallery)
 
     banner("5/5 results")
     before, after = summary.evaluations[0], summary.evaluations[-1]
@@ -412,11 +418,13 @@ def run_demo(
         "plan": plan.__dict__,
         "engine": engine,
         "seed": seed,
+        "gallery": [str(strip.relative_to(run_dir)) for strip in gallery.strips],
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(
-        f"\nrun directory {run_dir}: results.json, progress.png, adapter/, train.yaml, grpo/ "
-        f"(metrics, MLflow store in grpo/mlruns). {results['seconds']:.0f} s in all."
+        f"\nrun directory {run_dir}: results.json, progress.png, adapter/, train.yaml, gallery/ "
+        f"(evaluation episodes), grpo/ (metrics, MLflow store in grpo/mlruns). "
+        f"{results['seconds']:.0f} s in all."
     )
     return results
 

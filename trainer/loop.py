@@ -24,7 +24,7 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,9 +301,6 @@ class _Session:
             played.append(PlayedRollout(request, outcome, trace))
         return played
 
-    def play_outcomes(self, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
-        return [rollout.outcome for rollout in self.play(requests)]
-
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
 
@@ -449,15 +446,22 @@ def _totals(history: list[dict[str, Any]]) -> dict[str, int]:
     return {key: int(last.get(f"{key}_total", 0)) for key in ("prefill", "sample", "train")}
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+# Called after every evaluation with its step, the played rollouts (traces included) and the run's
+# metrics logger: how a caller shows what the policy did (``rft demo``'s episode gallery).
+EvaluationHook = Callable[[int, list[PlayedRollout], MetricsLogger], None]
+
+
+def train(
+    config: TrainConfig, *, resume: bool = False, on_evaluation: EvaluationHook | None = None
+) -> RunSummary:
     """Run GRPO as ``config`` says; with ``resume``, continue from the newest checkpoint.
 
-    The run's log also goes to ``output_dir/train.log``.
+    The run's log also goes to ``output_dir/train.log``. ``on_evaluation``: see ``EvaluationHook``.
     """
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = _add_log_file(config.output_dir)
     try:
-        return _train(config, resume)
+        return _train(config, resume, on_evaluation)
     finally:
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
@@ -477,6 +481,7 @@ class _Run:
     session: _Session
     totals: dict[str, int] = field(default_factory=dict)
     counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
+    on_evaluation: EvaluationHook | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -496,8 +501,9 @@ class _StepUpdate:
     seconds: float
 
 
-def _train(config: TrainConfig, resume: bool) -> RunSummary:
+def _train(config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | None) -> RunSummary:
     run = _open_run(config, resume)
+    run.on_evaluation = on_evaluation
     failed = True
     try:
         run.session.start()
@@ -580,6 +586,13 @@ def _serve_start_adapter(run: _Run) -> None:
 def _evaluate(run: _Run, step: int) -> EvalResult:
     """Play the evaluation rows with the current adapter and keep the result in the run's state."""
     config, session = run.config, run.session
+    played: list[PlayedRollout] = []
+
+    def play(requests: list[RolloutRequest]) -> list[RolloutOutcome]:
+        batch = session.play(requests)
+        played.extend(batch)
+        return [rollout.outcome for rollout in batch]
+
     result = evaluate(
         run.eval_rows,
         step=step,
@@ -592,7 +605,7 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
             # numbers, so their difference is the policy's, not the dice's.
             seed=derived_seed(config.seed, "eval", index, generation),
         ),
-        play=session.play_outcomes,
+        play=play,
         success_threshold=config.success_threshold,
         adapter_version=run.state.adapter_version,
         generations=config.eval_generations,
@@ -610,6 +623,8 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
             )
         log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
     log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
+    if run.on_evaluation is not None:
+        run.on_evaluation(step, played, run.metrics)
     return result
 
 
