@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from agents.maze.dataset import eval_rows, row_maze
-from agents.maze.env import MazeGame
-from agents.maze.picture import AGENT, CELL_PX, GOAL, OPEN, WALL, game_png, render_png
+from agents.maze.env import MazeGame, generate
+from agents.maze.picture import AGENT, CELL_PX, GOAL, OPEN, WALL, canvas_side, game_png, render_png
 from agents.maze.solver import shortest_path
 
 
@@ -24,11 +24,14 @@ def _pixels(png: bytes) -> Image.Image:
 def test_every_cell_shows_what_the_environment_holds(row: dict) -> None:
     maze = row_maze(row)
     image = _pixels(render_png(maze, maze.start))
-    assert image.size == (maze.size * CELL_PX, maze.size * CELL_PX)
-    for r in range(maze.size):
-        for c in range(maze.size):
+    # The demo's sizes all fit the 64-pixel canvas: one 8-pixel patch per cell, 8x8 patches.
+    assert image.size == (64, 64)
+    side = 64 // CELL_PX
+    for r in range(side):
+        for c in range(side):
             expected = AGENT if (r, c) == maze.start else GOAL if (r, c) == maze.goal else None
-            expected = expected or (WALL if (r, c) in maze.walls else OPEN)
+            outside = r >= maze.size or c >= maze.size
+            expected = expected or (WALL if (r, c) in maze.walls or outside else OPEN)
             # Every pixel of the cell's square, corners included.
             square = image.crop((c * CELL_PX, r * CELL_PX, (c + 1) * CELL_PX, (r + 1) * CELL_PX))
             assert set(square.getdata()) == {expected}, (r, c)
@@ -48,6 +51,12 @@ def test_the_picture_follows_the_agent_and_repeats_byte_for_byte() -> None:
     assert game_png(replay) == frames[0]
     # At the goal the agent is drawn over it: no green left.
     assert GOAL not in set(_pixels(frames[-1]).getdata())
+
+
+def test_a_larger_grid_gets_a_larger_canvas_in_whole_patches() -> None:
+    maze = generate(3, 9)
+    image = _pixels(render_png(maze, maze.start))
+    assert image.size == (80, 80) and canvas_side(maze) == 80  # 72 pixels of grid, rounded up to 16
 
 
 def test_a_cell_size_below_one_pixel_is_refused() -> None:
