@@ -10,6 +10,12 @@ from pathlib import Path
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.chat_templates import ChatTemplateError
 from policy_server.engines.base import Engine
+from policy_server.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_IMAGES_PER_CALL,
+    ImageLimits,
+)
 from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
@@ -109,6 +115,24 @@ def _parser() -> argparse.ArgumentParser:
         "--reasoning-parser", help="vllm engine: vLLM's --reasoning-parser (qwen3, openai_gptoss, ...)"
     )
     parser.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_BYTES,
+        help=f"largest image an agent may send, in bytes (default {DEFAULT_MAX_IMAGE_BYTES})",
+    )
+    parser.add_argument(
+        "--max-images-per-call",
+        type=int,
+        default=DEFAULT_MAX_IMAGES_PER_CALL,
+        help=f"most images in one call's conversation (default {DEFAULT_MAX_IMAGES_PER_CALL})",
+    )
+    parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help=f"most pixels (width x height) per image (default {DEFAULT_MAX_IMAGE_PIXELS})",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=("debug", "info", "warning", "error"),
@@ -166,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.admin_key and args.admin_key == args.api_key:
         print("rft serve: --admin-key must differ from --api-key (agents hold the API key)")
         return 2
+    if min(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels) < 1:
+        print("rft serve: --max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more")
+        return 2
     _stop_on_interrupt_or_term()
     tokens = None
     if args.accept_sagemaker_tokens:
@@ -182,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=args.admin_key,
         adapters_dir=args.adapters_dir,
         sagemaker_tokens=tokens,
+        image_limits=ImageLimits(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels),
     )
     try:
         thread = ServerThread(server, host=args.host, port=args.port, log_level=args.log_level).start()

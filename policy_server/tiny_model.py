@@ -203,7 +203,15 @@ def _train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
     return tokenizer
 
 
-def _save_tokenizer(tokenizer_object: Any, out_dir: Path, max_length: int) -> Any:
+def _save_tokenizer(
+    tokenizer_object: Any,
+    out_dir: Path,
+    max_length: int,
+    *,
+    chat_template: str = CHAT_TEMPLATE,
+    extra_special_tokens: Sequence[str] = (),
+) -> Any:
+    """Save the tokenizer with ``chat_template``; ``extra_special_tokens`` join ``<|im_start|>``."""
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
@@ -212,9 +220,9 @@ def _save_tokenizer(tokenizer_object: Any, out_dir: Path, max_length: int) -> An
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
         model_max_length=max_length,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START]})
+    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, *extra_special_tokens]})
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.save_pretrained(out_dir)
     # transformers 5 writes "TokenizersBackend", a class other stacks (vLLM's transformers) lack.

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from policy_server.images import ImageRef
+
 # How the recorded logprobs were computed. "raw": log-softmax of the model's logits, before
 # temperature, top-p or any other processing (what the trainer recomputes). "processed": after them.
 LogprobsMode = Literal["raw", "processed"]
@@ -62,6 +64,11 @@ class CallRecord(BaseModel):
         default_factory=list, description="Request messages, for debugging."
     )
     tools: list[dict[str, Any]] | None = None
+    images: list[ImageRef] = Field(
+        default_factory=list,
+        description="The prompt's images in order: sha256 (the bytes are in the run's image store) "
+        "and the span of placeholder tokens each took in prompt_token_ids.",
+    )
 
 
 class RolloutTrace(BaseModel):

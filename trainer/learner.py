@@ -32,6 +32,7 @@ from trainer.logprobs import chunked_token_logprobs, logit_transform
 from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
 
 if TYPE_CHECKING:
+    from policy_server.image_store import ImageStore
     from trainer.config import TrainConfig
     from trainer.placement import Placement
 
@@ -61,11 +62,17 @@ class Learner:
     """
 
     def __init__(
-        self, model_dir: str | Path, config: TrainConfig, *, placement: Placement | None = None
+        self,
+        model_dir: str | Path,
+        config: TrainConfig,
+        *,
+        placement: Placement | None = None,
+        image_store: ImageStore | None = None,
     ) -> None:
         from transformers import get_scheduler
 
         self.config = config
+        self.image_store = image_store
         self.micro_batch_tokens = config.max_tokens_per_microbatch
         self.device, dtype = _device_and_dtype(config, placement)
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.

@@ -35,6 +35,7 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.image_store import ImageStore
 from policy_server.jobs import Rejection
 from policy_server.metrics import start_metrics_server
 from policy_server.running import ServerThread
@@ -210,13 +211,15 @@ def sagemaker_token_policy(config: PolicyServerConfig) -> SageMakerTokenPolicy |
 class _Session:
     """The policy server, the fan-out and one job: plays rollouts and hands back their traces."""
 
-    def __init__(self, config: TrainConfig, engine: Engine) -> None:
+    def __init__(self, config: TrainConfig, engine: Engine, images: ImageStore) -> None:
         self.config = config
         self.server = PolicyServer(
             engine,
             policy_name=config.policy_name,
             api_key=config.policy_server.api_key,
             sagemaker_tokens=sagemaker_token_policy(config.policy_server),
+            image_limits=config.policy_server.image_limits(),
+            image_store=images,
         )
         self.thread = ServerThread(
             self.server, host=config.policy_server.host, port=config.policy_server.port
@@ -300,6 +303,11 @@ class _Session:
             outcome = resolve_reward(outcome, trace.rewards, self.config.reward_aggregation)
             played.append(PlayedRollout(request, outcome, trace))
         return played
+
+    def release(self, played: list[PlayedRollout]) -> None:
+        """Done with these rollouts' traces: their images leave the run's image store."""
+        for rollout in played:
+            self.server.release_trace(rollout.trace)
 
     def load_adapter(self, directory: Path) -> int:
         return self.thread.run(self.server.load_adapter(directory))
@@ -547,7 +555,9 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
 
     # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
     placement = preflight(config, model_dir)
-    learner = Learner(model_dir, config, placement=placement)
+    # Images of the calls being trained on, once each, until the update is done with their traces.
+    images = ImageStore(run_dir / "images")
+    learner = Learner(model_dir, config, placement=placement, image_store=images)
     state = RunState()
     resumed_from: Path | None = None
     if resume:
@@ -567,7 +577,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
         metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
-    session = _Session(config, build_engine(config, model_dir, placement))
+    session = _Session(config, build_engine(config, model_dir, placement), images)
     metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
     return _Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session)
 
@@ -593,23 +603,34 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
         played.extend(batch)
         return [rollout.outcome for rollout in batch]
 
-    result = evaluate(
-        run.eval_rows,
-        step=step,
-        make_request=lambda index, row, generation: session.request(
-            row,
-            f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
-            index,
-            temperature=config.eval_temperature,
-            # The same seeds at every evaluation: before and after sample with the same random
-            # numbers, so their difference is the policy's, not the dice's.
-            seed=derived_seed(config.seed, "eval", index, generation),
-        ),
-        play=play,
-        success_threshold=config.success_threshold,
-        adapter_version=run.state.adapter_version,
-        generations=config.eval_generations,
-    )
+    try:
+        result = evaluate(
+            run.eval_rows,
+            step=step,
+            make_request=lambda index, row, generation: session.request(
+                row,
+                f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
+                index,
+                temperature=config.eval_temperature,
+                # The same seeds at every evaluation: before and after sample with the same random
+                # numbers, so their difference is the policy's, not the dice's.
+                seed=derived_seed(config.seed, "eval", index, generation),
+            ),
+            play=play,
+            success_threshold=config.success_threshold,
+            adapter_version=run.state.adapter_version,
+            generations=config.eval_generations,
+        )
+        if run.on_evaluation is not None:
+            run.on_evaluation(step, played, run.metrics)
+    finally:
+        session.release(played)
+    _record_evaluation(run, step, result)
+    return result
+
+
+def _record_evaluation(run: _Run, step: int, result: EvalResult) -> None:
+    """Keep the result in the run's state; warn about failed rollouts, stop when none was scored."""
     run.state.evaluations.append(result.as_dict())
     if result.failed:
         failures = "; ".join(
@@ -623,9 +644,6 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
             )
         log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
     log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
-    if run.on_evaluation is not None:
-        run.on_evaluation(step, played, run.metrics)
-    return result
 
 
 def _run_step(run: _Run, step: int) -> dict[str, Any]:
@@ -641,6 +659,7 @@ def _run_step(run: _Run, step: int) -> dict[str, Any]:
 
     batch = _collect(config, played, len(picked))
     update = _update(run, step, batch)
+    run.session.release(played)
     adapter_load_s = _publish(run, step, update.applied)
     state.step = step
     last = step == config.max_steps

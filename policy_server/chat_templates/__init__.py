@@ -6,7 +6,9 @@ sampler and learner see the same tokens: the hf engine's ``apply_chat_template``
 ``--chat-template``, and ``rft sft``'s rendering of demonstrations.
 
 The setting is a shipped template's name (``chatml-tools``: ChatML with hermes ``<tool_call>``
-blocks, for any model whose turns use ``<|im_start|>``/``<|im_end|>``) or a path to a Jinja file.
+blocks, for any model whose turns use ``<|im_start|>``/``<|im_end|>``; ``chatml-tools-vision``: the
+same with image parts rendered as Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``) or a
+path to a Jinja file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 
 # name -> file in this package
-SHIPPED: dict[str, str] = {"chatml-tools": "chatml_tools.jinja"}
+SHIPPED: dict[str, str] = {
+    "chatml-tools": "chatml_tools.jinja",
+    "chatml-tools-vision": "chatml_tools_vision.jinja",
+}
 
 
 class ChatTemplateError(ValueError):

@@ -5,12 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from policy_server.images import ImageInput
 from policy_server.trace import LogprobsMode
 
 
 @dataclass
 class GenerationRequest:
-    """One chat call, normalised by the gateway (OpenAI message dicts, plain-string content)."""
+    """One chat call, normalised by the gateway (OpenAI message dicts, plain-string content).
+
+    Images: a message with an image keeps its content as the list of OpenAI parts, in order (text
+    parts ``{"type": "text", "text": ...}`` and image parts ``{"type": "image_url", "image_url":
+    {"url": "data:image/...;base64,..."}}``, the data URL exactly as the agent sent it), in user
+    messages and tool results alike. ``images`` holds those images decoded and validated by the
+    gateway (``policy_server/images.py``), in the order their parts appear across ``messages``: the
+    order of their placeholders in the rendered prompt. An engine feeds the model these (the hf
+    engine their pixels, the vLLM engine the messages' data URLs) and never refetches or re-validates
+    them. Engines that take images set ``supports_images = True`` and ``image_token_id`` (the
+    placeholder token the prompt ids carry, one run per image); the gateway refuses images for others.
+    """
 
     messages: list[dict[str, Any]]
     max_tokens: int
@@ -23,6 +35,7 @@ class GenerationRequest:
     adapter_version: int = 0
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,198 @@
+"""A tiny offline vision-language model: Qwen2-VL at toy size, random init, for tests and CPU demos.
+
+``rft model tiny-vision OUT`` writes a directory that transformers
+(``AutoModelForImageTextToText`` + ``AutoProcessor``), peft and vLLM load:
+
+- the text side is the tiny model's (``tiny_model.py``: the same BPE training, 2 layers, head_dim 64)
+  in Qwen2-VL's language model, with M-RoPE sections summing to head_dim / 2;
+- the vision tower is 2 blocks of width 64 over 8-pixel patches, merged 2x2: a 64x64 image is 8x8
+  patches and reaches the language model as 16 ``<|image_pad|>`` tokens;
+- the tokenizer adds Qwen2-VL's vision special tokens and carries the ``chatml-tools-vision``
+  template (tools, tool calls, image parts in user messages and tool results);
+- the image processor resizes images to between 32x32 and 128x128 pixels (multiples of 16), so an
+  image costs 4 to 64 prompt tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from policy_server.chat_templates import chat_template_text
+from policy_server.tiny_model import (
+    END_OF_TEXT,
+    HEAD_DIM,
+    IM_END,
+    _corpus_texts,
+    _save_tokenizer,
+    _train_tokenizer,
+)
+
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+
+CHAT_TEMPLATE = chat_template_text("chatml-tools-vision")
+
+PATCH_SIZE = 8
+MERGE_SIZE = 2
+MIN_PIXELS = 32 * 32
+MAX_PIXELS = 128 * 128
+
+
+def _image_processor() -> object:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=PATCH_SIZE,
+        merge_size=MERGE_SIZE,
+        temporal_patch_size=2,
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    )
+
+
+def _save_processor(out: Path) -> None:
+    """Save the image processor (``preprocessor_config.json``).
+
+    Only the image processor: transformers' ``Qwen2VLProcessor`` also wants a video processor, which
+    needs torchvision; ``policy_server/vision_inputs.py`` does the processor's one other job
+    (expanding each ``<|image_pad|>`` to the image's patch tokens) on token ids.
+    """
+    _image_processor().save_pretrained(out)
+    # The PIL class name is transformers 5's alone; the plain name loads everywhere (vLLM's
+    # transformers, and a torchvision-less install falls back to the PIL class by itself).
+    path = out / "preprocessor_config.json"
+    path.write_text(path.read_text().replace("Qwen2VLImageProcessorPil", "Qwen2VLImageProcessor"))
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _config(tokenizer: object, hidden_size: int, num_layers: int, max_positions: int) -> object:
+    from transformers import Qwen2VLConfig
+
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in (*VISION_TOKENS, IM_END, END_OF_TEXT)}
+    quarter = HEAD_DIM // 2 // 4  # M-RoPE sections (time, height, width) sum to head_dim / 2
+    text_config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": hidden_size // HEAD_DIM,
+        "num_key_value_heads": hidden_size // HEAD_DIM,
+        "max_position_embeddings": max_positions,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2 * quarter, quarter, quarter],
+        },
+        "eos_token_id": ids[IM_END],
+        "pad_token_id": ids[END_OF_TEXT],
+        "bos_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    vision_config = {
+        "depth": 2,
+        "embed_dim": 64,
+        "hidden_size": hidden_size,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": MERGE_SIZE,
+        "temporal_patch_size": 2,
+    }
+    return Qwen2VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids[IMAGE_PAD],
+        video_token_id=ids[VIDEO_PAD],
+        vision_start_token_id=ids[VISION_START],
+        vision_end_token_id=ids[VISION_END],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def build_tiny_vision_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    corpus: Iterable[str] | None = None,
+    vocab_size: int = 1024,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    max_position_embeddings: int = 2048,
+) -> Path:
+    """Build the tokenizer, processor and a randomly initialised Qwen2-VL into ``out_dir``; return it.
+
+    ``corpus`` and ``vocab_size`` are the text tiny model's (``build_tiny_model``); ``hidden_size``
+    must be a multiple of 64 (vLLM's head_dim).
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2VLForConditionalGeneration
+
+    if hidden_size % HEAD_DIM:
+        raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM's head_dim)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _save_tokenizer(
+        _train_tokenizer(_corpus_texts(corpus), vocab_size),
+        out,
+        max_position_embeddings,
+        chat_template=CHAT_TEMPLATE,
+        extra_special_tokens=VISION_TOKENS,
+    )
+    _save_processor(out)
+    config = _config(tokenizer, hidden_size, num_layers, max_position_embeddings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    im_end, end_of_text = config.text_config.eos_token_id, config.text_config.pad_token_id
+    model.generation_config = GenerationConfig(
+        eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rft model tiny-vision OUT``: build a tiny vision-language model directory offline."""
+    parser = argparse.ArgumentParser(prog="rft model tiny-vision", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory to write the model into")
+    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
+    parser.add_argument(
+        "--corpus", type=Path, action="append", default=[], help="text file whose lines join the BPE corpus"
+    )
+    parser.add_argument("--vocab-size", type=int, default=1024)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--max-position-embeddings", type=int, default=2048)
+    args = parser.parse_args(argv)
+    texts: list[str] = []
+    for path in args.corpus:
+        try:
+            texts.extend(line for line in path.read_text().splitlines() if line.strip())
+        except OSError as exc:
+            print(f"rft model tiny-vision: cannot read corpus file {path}: {exc.strerror}", file=sys.stderr)
+            return 2
+    try:
+        out = build_tiny_vision_model(
+            args.out,
+            seed=args.seed,
+            corpus=texts,
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            max_position_embeddings=args.max_position_embeddings,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"rft model tiny-vision: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
