@@ -168,15 +168,17 @@ def _trainee(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from policy_server.chat_templates import load_tokenizer
-    from trainer.sft_vision import is_vision_model, vision_trainee
+    from policy_server.vision_inputs import is_vision_model
+    from trainer.sft_vision import vision_trainee
 
     tokenizer = load_tokenizer(model_dir, chat_template)
     if not demonstrations:
         raise DemonstrationError("no demonstrations to train on")
-    if is_vision_model(model_dir):
+    config = AutoConfig.from_pretrained(str(model_dir))
+    if is_vision_model(config):
         return vision_trainee(model_dir, tokenizer, demonstrations)
     encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
-    pad_id = pad_token_id(AutoConfig.from_pretrained(str(model_dir)))
+    pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
         load_model=lambda: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32),

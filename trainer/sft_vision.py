@@ -1,19 +1,16 @@
 """``rft sft`` on demonstrations with images, for a vision-language model (Qwen2-VL family).
 
 A demonstration's image parts (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,
-..."}}``, as agents send them) are rendered by the chat template as one image placeholder each
-(``<|vision_start|><|image_pad|><|vision_end|>``). The image processor turns each image into patches
-and a grid (t, h, w); the placeholder is then repeated once per merged patch (``t * h * w /
-merge_size**2`` tokens), which is what the model's processor does and what the policy server's
-prompt ids hold. Placeholders are context, never loss. The model gets the pixel values, the grids
-and ``mm_token_type_ids`` (1 on image tokens), from which it computes its M-RoPE positions itself.
+..."}}``, as agents send them) are decoded and checked as the gateway does (``policy_server.images``)
+and rendered by the chat template as one placeholder each. ``policy_server.vision_inputs`` then does
+what the engines do: the image processor turns each image into patches and a grid, and the
+placeholder is repeated once per merged patch, so the warm start sees the prompt ids the policy
+server records. Placeholders are context, never loss. The model gets the pixel values, the grids and
+``mm_token_type_ids`` (1 on image tokens), from which it computes its M-RoPE positions itself.
 """
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +18,8 @@ from typing import Any
 
 import torch
 
+from policy_server.images import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
+from policy_server.vision_inputs import VisionInputs, load_model
 from trainer.sft import (
     IGNORE,
     DemonstrationError,
@@ -31,14 +30,6 @@ from trainer.sft import (
     pad_token_id,
 )
 
-IMAGE_PAD = "<|image_pad|>"
-
-
-def is_vision_model(model_dir: str | Path) -> bool:
-    """Whether ``model_dir`` holds a vision-language model (its config has a ``vision_config``)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return "vision_config" in config
-
 
 @dataclass(frozen=True)
 class EncodedVisionDemonstration:
@@ -46,36 +37,27 @@ class EncodedVisionDemonstration:
 
     input_ids: list[int]
     loss_mask: list[bool]
-    pixel_values: torch.Tensor  # (patches, channels * temporal * patch * patch), every image's rows
+    pixel_values: torch.Tensor  # every image's patch rows, in order
     image_grid_thw: torch.Tensor  # (images, 3)
 
 
-def demonstration_images(demonstration: dict[str, Any]) -> list[Any]:
-    """The PIL images of a demonstration's image parts, in the order the template renders them."""
-    from PIL import Image
-
-    images = []
-    for message in demonstration.get("messages", []):
-        content = message.get("content")
-        for part in content if isinstance(content, list) else []:
-            if isinstance(part, dict) and part.get("type") == "image_url":
-                url = (part.get("image_url") or {}).get("url", "")
-                _, _, payload = url.partition(";base64,")
-                if not url.startswith("data:") or not payload:
-                    raise DemonstrationError("a demonstration's image must be a data:...;base64,... URL")
-                with Image.open(io.BytesIO(base64.b64decode(payload))) as image:
-                    images.append(image.convert("RGB"))
-    return images
+def demonstration_images(demonstration: dict[str, Any]) -> list[ImageInput]:
+    """The demonstration's images, decoded and checked as the gateway does, in prompt order."""
+    try:
+        return [
+            image_from_url(url, ImageLimits(), where) for where, url in image_parts(demonstration["messages"])
+        ]
+    except ImageError as error:
+        raise DemonstrationError(str(error)) from error
 
 
 def encode_vision_demonstration(
-    tokenizer: Any, image_processor: Any, demonstration: dict[str, Any]
+    tokenizer: Any, vision: VisionInputs, demonstration: dict[str, Any]
 ) -> EncodedVisionDemonstration:
     """Render, tokenize and expand one demonstration's image placeholders (see the module docstring)."""
     text = encode_demonstration(tokenizer, demonstration)
-    pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     images = demonstration_images(demonstration)
-    placeholders = text.input_ids.count(pad_id)
+    placeholders = text.input_ids.count(vision.image_token_id)
     if placeholders != len(images):
         raise DemonstrationError(
             f"the chat template rendered {placeholders} image placeholders for {len(images)} images; "
@@ -85,17 +67,16 @@ def encode_vision_demonstration(
         return EncodedVisionDemonstration(
             text.input_ids, text.loss_mask, torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
         )
-    processed = image_processor(images=images, return_tensors="pt")
-    grids = processed["image_grid_thw"]
-    merge = int(image_processor.merge_size)
-    counts = iter([int(grid.prod()) // (merge * merge) for grid in grids])
+    pixels = vision.pixels(images)
+    counts = iter(vision.tokens_per_image(pixels["image_grid_thw"]))
     ids: list[int] = []
     mask: list[bool] = []
     for token, loss in zip(text.input_ids, text.loss_mask, strict=True):
-        repeat = next(counts) if token == pad_id else 1
+        placeholder = token == vision.image_token_id
+        repeat = next(counts) if placeholder else 1
         ids.extend([token] * repeat)
-        mask.extend([loss and token != pad_id] * repeat)
-    return EncodedVisionDemonstration(ids, mask, processed["pixel_values"], grids)
+        mask.extend([loss and not placeholder] * repeat)
+    return EncodedVisionDemonstration(ids, mask, pixels["pixel_values"], pixels["image_grid_thw"])
 
 
 def vision_batch(
@@ -128,15 +109,15 @@ def vision_trainee(
     model_dir: str | Path, tokenizer: Any, demonstrations: Sequence[dict[str, Any]]
 ) -> Trainee:
     """A vision-language model's warm start: its image processor encodes the demonstrations' images."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
-    image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
-    encoded = [encode_vision_demonstration(tokenizer, image_processor, demo) for demo in demonstrations]
     config = AutoConfig.from_pretrained(str(model_dir))
-    pad_id, image_token_id = pad_token_id(config), int(config.image_token_id)
+    vision = VisionInputs(model_dir, config)
+    encoded = [encode_vision_demonstration(tokenizer, vision, demo) for demo in demonstrations]
+    pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
-        load_model=lambda: AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32),
-        batch=lambda examples: vision_batch(examples, pad_id, image_token_id),
+        load_model=lambda: load_model(model_dir, dtype=torch.float32),
+        batch=lambda examples: vision_batch(examples, pad_id, vision.image_token_id),
         loss=vision_assistant_loss,
     )
