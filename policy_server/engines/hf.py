@@ -22,6 +22,16 @@ sampled. Tool calls are parsed (hermes ``<tool_call>``) when the request has too
 Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter. With
 ``batch_invariant`` (the default) a row's logits do not depend on which rows share its batch
 (``batch_invariant.py``), so a seeded request samples the same tokens however requests are timed.
+
+Vision-language models (a config with a ``vision_config`` and an ``image_token_id``, e.g. Qwen2-VL)
+load through ``AutoModelForImageTextToText`` and take images (``supports_images``). A call's images
+go through the model's image processor (``policy_server/vision_inputs.py``, shared with the
+learner); each ``<|image_pad|>`` the template renders is expanded to the image's patch tokens before
+the prompt ids are recorded, so the recorded ids are exactly what the model saw. Prefill feeds the
+rows' pixels and their M-RoPE positions (time, height, width); decode continues each row from its
+largest position + 1. Text-only rows share batches with image rows. With ``batch_invariant`` the
+row-wise attention applies to the language model only: the vision tower attends within each image
+(one block per image, whatever the batch), so it keeps transformers' SDPA.
 """
 
 from __future__ import annotations
@@ -42,12 +52,13 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
-from transformers import AutoModelForCausalLM, Cache, DynamicLayer
+from transformers import AutoConfig, Cache, DynamicLayer
 
 from policy_server.chat_format import normalize_messages, parse_tool_calls
 from policy_server.chat_templates import chat_template_path, load_tokenizer
 from policy_server.engines import batch_invariant
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
+from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
@@ -78,6 +89,11 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stopped_text: str | None = None
+    # Vision-language models only: the call's pixel inputs (None without images), the prompt's
+    # [3, prompt length] M-RoPE positions and the position of the first completion token.
+    pixels: dict[str, torch.Tensor] | None = None
+    positions: torch.Tensor | None = None
+    next_position: int = 0
 
 
 class _GrowingLayer(DynamicLayer):
@@ -194,6 +210,7 @@ class HFEngine:
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._seeds = itertools.count(seed << 32)
         self._tokenizer: Any = None
+        self._vision: VisionInputs | None = None
         self._model: Any = None  # the base model, or the PeftModel wrapping it once an adapter is loaded
         self._adapters: set[int] = set()
         self._stop_ids: set[int] = set()
@@ -206,6 +223,16 @@ class HFEngine:
         self._batch: _Batch | None = None
         self._closing = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the served model takes images (a vision-language model, once started)."""
+        return self._vision is not None
+
+    @property
+    def image_token_id(self) -> int | None:
+        """The placeholder token an image's patches take in the prompt ids (None: text-only)."""
+        return self._vision.image_token_id if self._vision is not None else None
 
     # ---- Engine protocol -------------------------------------------------------------------------
 
@@ -236,7 +263,7 @@ class HFEngine:
         _validate(request)
         if request.adapter_version != 0 and request.adapter_version not in self._adapters:
             raise ValueError(f"adapter version {request.adapter_version} is not loaded")
-        prompt_ids = await asyncio.to_thread(self._render, request)
+        prompt_ids, pixels = await asyncio.to_thread(self._render, request)
         room = self._max_positions - len(prompt_ids)
         if room < 1:
             raise ValueError(
@@ -250,7 +277,12 @@ class HFEngine:
             max_new_tokens=min(request.max_tokens, room),
             generator=torch.Generator(device=self.device).manual_seed(seed),
             future=concurrent.futures.Future(),
+            pixels=pixels,
+            next_position=len(prompt_ids),
         )
+        if self._vision is not None:
+            row.positions = await asyncio.to_thread(self._positions, prompt_ids, pixels)
+            row.next_position = int(row.positions.max()) + 1
         with self._condition:
             if self._closing:
                 raise RuntimeError("the hf engine is closing")
@@ -350,7 +382,23 @@ class HFEngine:
             self._condition.notify_all()
         await asyncio.wrap_future(future)
 
-    def _render(self, request: GenerationRequest) -> list[int]:
+    def _render(self, request: GenerationRequest) -> tuple[list[int], dict[str, torch.Tensor] | None]:
+        """The prompt's token ids (image placeholders expanded) and, with images, their pixel inputs."""
+        if request.images and self._vision is None:
+            raise ValueError("this model is text-only and takes no images")
+        ids = self._template_ids(request)
+        if not request.images:
+            return ids, None
+        assert self._vision is not None
+        pixels = self._vision.pixels(request.images)
+        return self._vision.expand(ids, pixels["image_grid_thw"]), pixels
+
+    def _positions(self, prompt_ids: list[int], pixels: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        ids = torch.tensor([prompt_ids])
+        grid = pixels["image_grid_thw"] if pixels is not None else None
+        return position_ids(self._model, ids, torch.ones_like(ids), grid)[:, 0]
+
+    def _template_ids(self, request: GenerationRequest) -> list[int]:
         kwargs = dict(request.chat_template_kwargs)
         if request.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", request.reasoning_effort)
@@ -373,11 +421,18 @@ class HFEngine:
 
     def _load(self) -> None:
         self._tokenizer = load_tokenizer(self.model_dir, self._chat_template)
+        config = AutoConfig.from_pretrained(self.model_dir)
+        vision = is_vision_model(config)
         options: dict[str, Any] = {"dtype": self.dtype}
         if self.batch_invariant:
-            options["attn_implementation"] = batch_invariant.register()
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, **options)
+            name = batch_invariant.register()
+            # The vision tower attends within each image already; only the language model needs it.
+            options["attn_implementation"] = (
+                {"text_config": name, "vision_config": "sdpa"} if vision else name
+            )
+        model = load_model(self.model_dir, **options)
         self._model = model.to(self.device).eval()
+        self._vision = VisionInputs(self.model_dir, config) if vision else None
         self._stop_ids = {
             token_id
             for token in _STOP_TOKENS
@@ -386,7 +441,8 @@ class HFEngine:
         }
         eos = model.generation_config.eos_token_id
         self._stop_ids.update([eos] if isinstance(eos, int) else (eos or []))
-        self._max_positions = int(model.config.max_position_embeddings)
+        text_config = model.config.get_text_config()
+        self._max_positions = int(text_config.max_position_embeddings)
         self._min_rows = batch_invariant.min_gemm_rows()
         if self.batch_invariant:
             batch_invariant.pad_rows(self._model, self._min_rows)
@@ -509,7 +565,6 @@ class HFEngine:
             input_ids[index, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
             mask[index, width - len(row.prompt_ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = Cache(layer_class_to_replicate=_GrowingLayer)
         prompt_lengths = [len(row.prompt_ids) for row in rows]
         logits = self._forward(
@@ -518,7 +573,7 @@ class HFEngine:
             (prompt_lengths, prompt_lengths),
             input_ids=input_ids,
             attention_mask=mask,
-            position_ids=positions,
+            **self._prefill_inputs(rows, mask),
         )
         self.stats.prefill_passes += 1
         tokens = self._sample(rows, logits)
@@ -530,12 +585,30 @@ class HFEngine:
             rows=rows,
             cache=cache,
             attention_mask=mask,
-            next_positions=torch.tensor([len(row.prompt_ids) for row in rows], device=self.device),
+            next_positions=torch.tensor([row.next_position for row in rows], device=self.device),
             last_tokens=tokens,
         )
         if len(keep) < len(rows):
             _select(new, keep)
         self._batch = new if self._batch is None else _merge(self._batch, new)
+
+    def _prefill_inputs(self, rows: list[_Row], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Position ids of left-padded rows (M-RoPE's [3, B, T] for a VLM) and the rows' pixels."""
+        if self._vision is None:
+            return {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+        width = mask.shape[1]
+        positions = torch.zeros((3, len(rows), width), dtype=torch.long)
+        for index, row in enumerate(rows):
+            assert row.positions is not None
+            positions[:, index, width - row.positions.shape[1] :] = row.positions
+        inputs = {"position_ids": positions.to(self.device)}
+        with_images = [row.pixels for row in rows if row.pixels is not None]
+        if with_images:
+            inputs["pixel_values"] = torch.cat([p["pixel_values"] for p in with_images]).to(
+                self.device, self.dtype
+            )
+            inputs["image_grid_thw"] = torch.cat([p["image_grid_thw"] for p in with_images]).to(self.device)
+        return inputs
 
     def _decode_step(self) -> None:
         batch = self._batch
