@@ -91,7 +91,13 @@ class LoraConfig(_Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         default="all-linear",
         description="Module names to adapt (e.g. [q_proj, v_proj]), or 'all-linear' for every linear "
-        "layer except the output head.",
+        "layer except the output head. In a vision-language model, of the parts adapt_vision names.",
+    )
+    adapt_vision: Literal["none", "projector", "all"] = Field(
+        default="none",
+        description="Vision-language models: what LoRA adapts besides the language model. 'none': "
+        "the vision tower and its projector stay frozen; 'projector': the projector (Qwen2-VL's "
+        "visual.merger) too; 'all': the whole vision tower too. Ignored for text-only models.",
     )
 
     @field_validator("target_modules")

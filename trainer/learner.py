@@ -12,6 +12,11 @@ model is loaded in ``learner.dtype`` on ``learner.device`` (bfloat16 on CUDA by 
 parameters, their gradients and AdamW's moments stay float32 (peft's ``autocast_adapter_dtype``).
 Token logprobs come from the last hidden states through :mod:`trainer.logprobs`, a chunk of
 completion positions at a time, so the [B, T, V] logits never exist at once.
+
+A vision-language model (``policy_server.vision_inputs.is_vision_model``) loads through
+``AutoModelForImageTextToText``; LoRA adapts its language model (``lora.adapt_vision`` widens it,
+:func:`trainer.vision.lora_targets`), and sequences that carry images get their pixels back from the
+run's image store and M-RoPE positions from the model (:func:`trainer.vision.batch_vision_inputs`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model
 from trainer.grpo import grpo_loss
 from trainer.logprobs import chunked_token_logprobs, logit_transform
 from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
+from trainer.vision import batch_vision_inputs, lora_targets
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore
@@ -58,7 +65,8 @@ class Learner:
     of a fresh adapter; its LoRA shape wins over ``config.lora``. With ``beta > 0`` it is also the KL
     reference: the penalty keeps the policy near its warm start (where the tool-call format was
     learned), not near the bare base model. ``placement``: where to run (default: placed on the GPUs
-    this machine has, see :mod:`trainer.placement`).
+    this machine has, see :mod:`trainer.placement`). ``image_store``: where the images of the
+    sequences' calls are (the policy server's), for vision-language models.
     """
 
     def __init__(
@@ -77,9 +85,12 @@ class Learner:
         self.device, dtype = _device_and_dtype(config, placement)
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.
         torch.manual_seed(config.seed)
+        self.dtype = dtype
         self.model = self._build_model(model_dir, dtype)
+        base_config = self.model.get_base_model().config
+        self.vision = VisionInputs(model_dir, base_config) if is_vision_model(base_config) else None
         self.model.train()
-        pad = self.model.config.pad_token_id
+        pad = self.model.config.get_text_config().pad_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.trainable = [param for _, param in self.model.named_parameters() if param.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -102,11 +113,10 @@ class Learner:
 
     def _build_model(self, model_dir: str | Path, dtype: torch.dtype) -> Any:
         from peft import LoraConfig, PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM
 
         config = self.config
         placed = {"device_map": {"": str(self.device)}} if self.device.type == "cuda" else {}
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placed)
+        base = load_model(model_dir, dtype=dtype, **placed)
         if config.learner.gradient_checkpointing:
             base.config.use_cache = False
             # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
@@ -116,11 +126,14 @@ class Learner:
         # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
         # gradients and AdamW state): bf16 updates of small weights round away.
         if config.init_adapter is None:
+            targets = config.lora.target_modules
+            if is_vision_model(base.config):
+                targets = lora_targets(base, config.lora)  # the language model's unless widened
             lora = LoraConfig(
                 r=config.lora.r,
                 lora_alpha=config.lora.lora_alpha,
                 lora_dropout=config.lora.lora_dropout,
-                target_modules=config.lora.target_modules,
+                target_modules=targets,
                 task_type="CAUSAL_LM",
             )
             return get_peft_model(base, lora, autocast_adapter_dtype=True)
@@ -138,12 +151,30 @@ class Learner:
             self.reference_adapter = REFERENCE_ADAPTER
         return model
 
-    def token_logprobs(self, batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprobs (with grad) and entropies of ``batch``'s completion tokens, [B, T], 0 elsewhere."""
+    def batch_inputs(
+        self, micro: Sequence[TrainingSequence]
+    ) -> tuple[SequenceBatch, dict[str, torch.Tensor]]:
+        """A micro-batch's padded tensors and, for a vision-language model, its image inputs."""
+        batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
+        if self.vision is None:
+            return batch, {}
+        extra = batch_vision_inputs(
+            self.model, self.vision, self.image_store, micro, batch, self.device, self.dtype
+        )
+        return batch, extra
+
+    def token_logprobs(
+        self, batch: SequenceBatch, vision: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs (with grad) and entropies of ``batch``'s completion tokens, [B, T], 0 elsewhere.
+
+        ``vision``: a vision-language model's extra inputs (:meth:`batch_inputs`).
+        """
         base = self.model.get_base_model()
-        hidden = base.get_decoder()(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+        # A VLM's decoder alone would skip the image features and M-RoPE: run its whole inner model.
+        decoder = base.model if self.vision is not None else base.get_decoder()
+        hidden = decoder(**inputs, **(vision or {})).last_hidden_state
         return chunked_token_logprobs(
             hidden,
             base.get_output_embeddings(),
@@ -174,8 +205,8 @@ class Learner:
         try:
             old: dict[int, torch.Tensor] = {}
             for micro in micro_batches_by_token_budget(sequences, self.micro_batch_tokens):
-                batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
-                logprobs = self.token_logprobs(batch)[0]
+                batch, vision = self.batch_inputs(micro)
+                logprobs = self.token_logprobs(batch, vision)[0]
                 for row, sequence in enumerate(micro):
                     old[id(sequence)] = logprobs[row, : len(sequence)].clone()
         finally:
@@ -234,9 +265,9 @@ class Learner:
         maxima: dict[str, float] = {}
         finite = True
         for micro in micro_batches:
-            batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
-            ref_logprobs = self._reference_logprobs(batch) if config.beta > 0.0 else None
-            logprobs, entropy = self.token_logprobs(batch)
+            batch, vision = self.batch_inputs(micro)
+            ref_logprobs = self._reference_logprobs(batch, vision) if config.beta > 0.0 else None
+            logprobs, entropy = self.token_logprobs(batch, vision)
             loss, metrics = grpo_loss(
                 logprobs,
                 batch.behavior_logprobs,
@@ -312,16 +343,16 @@ class Learner:
         return result
 
     @torch.no_grad()
-    def _reference_logprobs(self, batch: SequenceBatch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: SequenceBatch, vision: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.reference_adapter is None:
             with self.model.disable_adapter():
-                return self.token_logprobs(batch)[0]
+                return self.token_logprobs(batch, vision)[0]
         # peft switches which adapter is trainable along with the active one: switch back at once.
         # Eval mode: the reference is a fixed policy, so no LoRA dropout in its pass.
         self.model.set_adapter(self.reference_adapter, inference_mode=True)
         self.model.eval()
         try:
-            return self.token_logprobs(batch)[0]
+            return self.token_logprobs(batch, vision)[0]
         finally:
             self.model.train()
             self.model.set_adapter(TRAINED_ADAPTER)

@@ -211,7 +211,7 @@ def sagemaker_token_policy(config: PolicyServerConfig) -> SageMakerTokenPolicy |
 class _Session:
     """The policy server, the fan-out and one job: plays rollouts and hands back their traces."""
 
-    def __init__(self, config: TrainConfig, engine: Engine, images: ImageStore) -> None:
+    def __init__(self, config: TrainConfig, engine: Engine, images: ImageStore | None = None) -> None:
         self.config = config
         self.server = PolicyServer(
             engine,

@@ -7,6 +7,12 @@ that call's sequence: the tokens the environment or template added in between ar
 mask 0, then the new completion with mask 1. A prompt that does not extend (a template that rewrote
 history, a truncated context) starts a new sequence. Nothing is re-tokenised: the ids are the ones
 the policy server recorded.
+
+Images: a call's :class:`~policy_server.images.ImageRef` s place each image on a run of placeholder
+tokens of its prompt. Placeholders of two images of one size are the same ids, so a call extends a
+sequence only if the images inside the shared prefix are also the same (by sha256, at the same
+places); the added part's images join the sequence's list. Positions are the sequence's own, since
+a merged prompt starts where the sequence starts.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from policy_server.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
 
 if TYPE_CHECKING:
@@ -33,6 +40,7 @@ class TrainingSequence:
     adapter_versions: list[int] = field(default_factory=list)  # one per merged call, in order
     advantage: float = 0.0  # set by the trainer from the rollout's group
     num_calls: int = 0
+    images: list[ImageRef] = field(default_factory=list)  # in order; positions in token_ids
 
     @property
     def num_completion_tokens(self) -> int:
@@ -81,9 +89,10 @@ def build_sequences(trace: RolloutTrace) -> list[TrainingSequence]:
     for call in trace.calls:
         _check_call(trace.rollout_id, call)
         prompt = call.prompt_token_ids
-        if current is None or prompt[: len(current.token_ids)] != current.token_ids:
+        if current is None or not _extends(current, call):
             current = TrainingSequence(rollout_id=trace.rollout_id)
             sequences.append(current)
+        current.images += [ref for ref in call.images if ref.start >= len(current.token_ids)]
         added = prompt[len(current.token_ids) :]
         current.token_ids += added + call.completion_token_ids
         current.loss_mask += [0] * len(added) + [1] * len(call.completion_token_ids)
@@ -91,6 +100,14 @@ def build_sequences(trace: RolloutTrace) -> list[TrainingSequence]:
         current.adapter_versions.append(call.adapter_version)
         current.num_calls += 1
     return [sequence for sequence in sequences if sequence.num_completion_tokens > 0]
+
+
+def _extends(sequence: TrainingSequence, call: CallRecord) -> bool:
+    """Whether ``call``'s prompt starts with ``sequence``: the same ids and the same images in them."""
+    length = len(sequence.token_ids)
+    if call.prompt_token_ids[:length] != sequence.token_ids:
+        return False
+    return [ref for ref in call.images if ref.start < length] == sequence.images
 
 
 def count_train_tokens(traces: Iterable[RolloutTrace]) -> TrainTokenCounts:
