@@ -20,8 +20,8 @@ import random
 from typing import Any
 
 from strands.models.openai import OpenAIModel
-from strands.types.content import ContentBlock, Message, Messages
-from strands.types.tools import ToolResult, ToolUse
+from strands.types.content import Message, Messages
+from strands.types.tools import ToolResult, ToolResultContent, ToolUse
 
 from agents.maze.dataset import row_maze, train_rows
 from agents.maze.env import Direction, Maze, MazeGame
@@ -35,7 +35,7 @@ def _call(index: int, direction: str) -> Message:
     return {"role": "assistant", "content": [{"toolUse": tool_use}]}
 
 
-def _observation(index: int, content: list[ContentBlock]) -> Message:
+def _observation(index: int, content: list[ToolResultContent]) -> Message:
     result: ToolResult = {"toolUseId": f"call_{index}", "status": "success", "content": content}
     return {"role": "user", "content": [{"toolResult": result}]}
 

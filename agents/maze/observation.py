@@ -18,6 +18,8 @@ import os
 from typing import Any, Literal, cast, get_args
 
 from strands.types.content import ContentBlock
+from strands.types.media import ImageContent
+from strands.types.tools import ToolResultContent
 
 from agents.maze.env import MazeGame, StepResult
 from agents.maze.picture import IMAGE_FORMAT, game_png
@@ -52,9 +54,9 @@ def default_observation() -> Observation:
         raise ValueError(f"{OBSERVATION_ENV}: {error}") from error
 
 
-def image_block(game: MazeGame) -> ContentBlock:
-    """The episode's current state as a Strands image content block."""
-    return {"image": {"format": IMAGE_FORMAT, "source": {"bytes": game_png(game)}}}
+def image_content(game: MazeGame) -> ImageContent:
+    """The episode's current state as Strands image content."""
+    return {"format": IMAGE_FORMAT, "source": {"bytes": game_png(game)}}
 
 
 def start_content(game: MazeGame, observation: Observation) -> list[ContentBlock]:
@@ -62,12 +64,12 @@ def start_content(game: MazeGame, observation: Observation) -> list[ContentBlock
     if observation == "text":
         return [{"text": start_text(game)}]
     size = game.maze.size
-    return [{"text": f"Maze {size}x{size}. Moves left: {game.moves_left}."}, image_block(game)]
+    return [{"text": f"Maze {size}x{size}. Moves left: {game.moves_left}."}, {"image": image_content(game)}]
 
 
-def step_content(game: MazeGame, result: StepResult, observation: Observation) -> list[ContentBlock]:
+def step_content(game: MazeGame, result: StepResult, observation: Observation) -> list[ToolResultContent]:
     """The ``move`` tool's result after a move: text only once the episode is over."""
     if observation == "text" or result.done:
         return [{"text": step_text(game, result)}]
     head = "Moved." if result.moved else "Blocked by a wall."
-    return [{"text": f"{head} Moves left: {game.moves_left}."}, image_block(game)]
+    return [{"text": f"{head} Moves left: {game.moves_left}."}, {"image": image_content(game)}]

@@ -19,13 +19,14 @@ no metadata, a fixed compression level), so a trace's content hash names the sta
 from __future__ import annotations
 
 import io
+from typing import Literal
 
 from agents.maze.env import Cell, Maze, MazeGame
 
 CELL_PX = 8
 MIN_SIDE = 64
 SIDE_MULTIPLE = 16
-IMAGE_FORMAT = "png"
+IMAGE_FORMAT: Literal["png"] = "png"
 OPEN = (255, 255, 255)
 WALL = (64, 64, 64)
 GOAL = (0, 200, 0)
