@@ -7,12 +7,19 @@
 3. starts the maze agent (a real ``BedrockAgentCoreApp`` on uvicorn, in its own process) and runs
    ``rft train`` against it: the policy server with the ``hf`` engine (or ``vllm``), evaluation on
    the 64 fixed mazes (two rollouts each, sampled as in training), GRPO, evaluation again;
+   With ``--vision`` the model is a tiny Qwen2-VL (``rft model tiny-vision``), every row asks the
+   agent for ``"observation": "image"`` (a 64x64 picture of the map instead of the text), and the
+   warm start and GRPO adapt the vision tower and its projector as well as the language model;
 4. prints the before/after table and leaves in the run directory the metrics, the MLflow store, a
-   plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``) and
-   the training config (``train.yaml``) to rerun with ``rft train``.
+   plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``), the
+   training config (``train.yaml``) to rerun with ``rft train``, and a gallery of a few evaluation
+   episodes before and after (``gallery/``, one PNG strip per episode; in MLflow with their frames
+   and moves, see ``trainer/demo_gallery.py``).
 
     rft demo                  # the full demo, about 10 minutes on 2 CPU cores
     rft demo --quick          # a smaller run (32 mazes, 16 steps), about four minutes
+    rft demo --vision         # the visual maze: a tiny VLM sees the map as a picture
+    rft demo --vision --quick # its smoke-sized run (the suite's)
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
     rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
 """
@@ -20,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -69,6 +77,8 @@ class DemoPlan:
     eval_generations: int = 2
     hidden_size: int = 128
     num_layers: int = 2
+    # What the maze agent shows the policy: "text" or "image" (then the model is a tiny VLM).
+    observation: str = "text"
 
 
 # `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
@@ -93,14 +103,39 @@ SMOLLM2 = DemoPlan(
     warmup_steps=0,
     eval_generations=1,
 )
+# `--vision`: the same recipe on pictures of the map. The tiny VLM is random everywhere, its vision
+# tower too, so the warm start is what teaches it to read the picture at all.
+VISION = dataclasses.replace(FULL, observation="image")
+# The suite's run: every stage, smoke-sized (under ~3 minutes on 2 idle cores).
+VISION_QUICK = DemoPlan(
+    train_mazes=100,
+    sft_demos=40,
+    sft_steps=40,
+    sft_batch_size=8,
+    # Few steps, so a bigger one: 40 steps of 8 at 2e-3 left a loss of 0.72 per assistant token,
+    # at 1e-2 0.46 (the full plan keeps the text demo's 2e-3 over 300 steps of 16).
+    sft_learning_rate=1e-2,
+    grpo_steps=2,
+    rows_per_step=2,
+    eval_rows=8,
+    num_generations=4,
+    warmup_steps=0,
+    num_iterations=1,
+    eval_generations=1,
+    observation="image",
+)
 # `--model smollm2`: SmolLM2's own chat template has no tool section; the shipped ChatML one has.
 SMOLLM2_CHAT_TEMPLATE = "chatml-tools"
 # A model built from scratch has no shared direction in its random embeddings and a random output
 # layer: the adapter needs the embeddings (so attention can learn positional patterns) and lm_head
 # (so logits can become confident) besides every projection. A pretrained --model needs neither.
 TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
+# The tiny VLM's vision tower (attention and MLP of each block) and its patch merger, the projector
+# into the language model: random too, so adapted as well.
+VISION_TOWER_MODULES = ["qkv", "attn.proj", "fc1", "fc2", "mlp.0", "mlp.2"]
 PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
 AGENT_PORT_FOR_RERUN = 8080
+GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
 
 
 def banner(text: str) -> None:
@@ -150,23 +185,51 @@ def serve_agent() -> Iterator[str]:
             process.kill()
 
 
-def maze_corpus(count: int) -> list[str]:
-    """Maze conversations rendered with the tiny model's template, for its tokenizer to train on."""
+def maze_corpus(count: int, observation: str = "text") -> list[str]:
+    """Maze conversations rendered with the tiny model's template (the tiny VLM's for ``image``), for
+    its tokenizer to train on."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from agents.maze.demonstrations import maze_demonstrations
     from policy_server.chat_format import normalize_messages
     from policy_server.tiny_model import CHAT_TEMPLATE
+    from policy_server.tiny_vision import CHAT_TEMPLATE as VISION_CHAT_TEMPLATE
 
     texts = []
-    for demonstration in maze_demonstrations(count):
+    for demonstration in maze_demonstrations(count, observation=observation):  # type: ignore[arg-type]
         rendered, _ = render_jinja_template(
             conversations=[normalize_messages(demonstration["messages"])],
             tools=demonstration["tools"],
-            chat_template=CHAT_TEMPLATE,
+            chat_template=VISION_CHAT_TEMPLATE if observation == "image" else CHAT_TEMPLATE,
         )
         texts.extend(rendered)
     return texts
+
+
+def build_demo_model(plan: DemoPlan, out_dir: Path, seed: int) -> tuple[Path, list[str]]:
+    """The tiny model the plan asks for, built offline (a VLM for image observations), and the
+    modules its adapter covers."""
+    from policy_server.tiny_model import HEAD_DIM, build_tiny_model
+    from policy_server.tiny_vision import build_tiny_vision_model
+
+    corpus = maze_corpus(300, plan.observation)
+    if plan.observation == "image":
+        model_dir = build_tiny_vision_model(
+            out_dir, seed=seed, corpus=corpus, hidden_size=plan.hidden_size, num_layers=plan.num_layers
+        )
+        print(f"tiny Qwen2-VL (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
+        return model_dir, [*TINY_TARGET_MODULES, *VISION_TOWER_MODULES]
+    model_dir = build_tiny_model(
+        out_dir,
+        seed=seed,
+        corpus=corpus,
+        hidden_size=plan.hidden_size,
+        num_layers=plan.num_layers,
+        num_heads=plan.hidden_size // HEAD_DIM,
+        intermediate_size=2 * plan.hidden_size,
+    )
+    print(f"tiny Llama (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
+    return model_dir, TINY_TARGET_MODULES
 
 
 def train_config(
@@ -301,7 +364,13 @@ def reachable_table(before: dict[str, Any], after: dict[str, Any], walkers: dict
 
 def plan_name(plan: DemoPlan) -> str:
     """How the banner names a plan."""
-    named = (("full", FULL), ("quick", QUICK), ("smollm2", SMOLLM2))
+    named = (
+        ("full", FULL),
+        ("quick", QUICK),
+        ("smollm2", SMOLLM2),
+        ("vision", VISION),
+        ("vision quick", VISION_QUICK),
+    )
     return next((name for name, known in named if known == plan), "custom")
 
 
@@ -325,6 +394,8 @@ def run_demo(
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
     from agents.maze.demonstrations import maze_demonstrations
+    from policy_server.chat_templates import load_tokenizer
+    from trainer.demo_gallery import EpisodeGallery
     from trainer.loop import train
     from trainer.sft import run_sft
 
@@ -334,21 +405,9 @@ def run_demo(
 
     banner(f"1/5 data and model ({plan_name(plan)} demo, run directory {run_dir})")
     data_dir = run_dir / "data"
-    write_dataset(data_dir, plan.train_mazes)
+    write_dataset(data_dir, plan.train_mazes, plan.observation)
     if model is None:
-        from policy_server.tiny_model import HEAD_DIM, build_tiny_model
-
-        model_dir = build_tiny_model(
-            run_dir / "model",
-            seed=seed,
-            corpus=maze_corpus(300),
-            hidden_size=plan.hidden_size,
-            num_layers=plan.num_layers,
-            num_heads=plan.hidden_size // HEAD_DIM,
-            intermediate_size=2 * plan.hidden_size,
-        )
-        target_modules = TINY_TARGET_MODULES
-        print(f"tiny Llama (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
+        model_dir, target_modules = build_demo_model(plan, run_dir / "model", seed)
     else:
         model_dir, target_modules = model, PRETRAINED_TARGET_MODULES
 
@@ -361,7 +420,12 @@ def run_demo(
 
     sft = run_sft(
         model_dir,
-        maze_demonstrations(plan.sft_demos, noise=plan.sft_noise, seed=seed),
+        maze_demonstrations(
+            plan.sft_demos,
+            noise=plan.sft_noise,
+            seed=seed,
+            observation=plan.observation,  # type: ignore[arg-type]
+        ),
         run_dir / "sft-adapter",
         steps=plan.sft_steps,
         learning_rate=plan.sft_learning_rate,
@@ -396,7 +460,8 @@ def run_demo(
             f"4/5 evaluate on {plan.eval_rows} fixed mazes, GRPO for {plan.grpo_steps} steps "
             f"({plan.rows_per_step} mazes x {plan.num_generations} rollouts), evaluate again"
         )
-        summary = train(config)
+        gallery = EpisodeGallery(run_dir, load_tokenizer(model_dir, chat_template).decode, GALLERY_MAZES)
+        summary = train(config, on_evaluation=gallery)
 
     banner("5/5 results")
     before, after = summary.evaluations[0], summary.evaluations[-1]
@@ -426,11 +491,13 @@ def run_demo(
         "engine": engine,
         "seed": seed,
         "ray": RAY_SECTION if ray else None,
+        "gallery": [str(strip.relative_to(run_dir)) for strip in gallery.strips],
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(
-        f"\nrun directory {run_dir}: results.json, progress.png, adapter/, train.yaml, grpo/ "
-        f"(metrics, MLflow store in grpo/mlruns). {results['seconds']:.0f} s in all."
+        f"\nrun directory {run_dir}: results.json, progress.png, adapter/, train.yaml, gallery/ "
+        f"(evaluation episodes), grpo/ (metrics, MLflow store in grpo/mlruns). "
+        f"{results['seconds']:.0f} s in all."
     )
     return results
 
@@ -442,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="run directory (default: runs/demo-<time>)")
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="inference engine (default hf)"
+    )
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="the visual maze: a tiny vision-language model sees a picture of the map (with --quick: "
+        "its smoke-sized run)",
     )
     parser.add_argument(
         "--model",
@@ -468,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.vision and args.engine != "hf":
+        parser.error("--vision runs on the hf engine (its adapter covers the vision tower too)")
     if args.engine == "vllm" and args.model is None:
         parser.error("--engine vllm needs --model DIR (a model vLLM can serve with LoRA)")
     # peft calls a transformers property that transformers deprecates: nothing a demo user can act on.
@@ -488,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rft demo: {exc}", file=sys.stderr)
             return 2
         chat_template, plan = SMOLLM2_CHAT_TEMPLATE, SMOLLM2
+    if args.vision:
+        if args.model is not None:
+            parser.error("--vision builds its own tiny vision-language model; drop --model")
+        plan = VISION_QUICK if args.quick else VISION
     run_demo(
         run_dir,
         quick=args.quick,

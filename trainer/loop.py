@@ -26,7 +26,7 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -310,14 +310,11 @@ class _Session:
         """Register, dispatch and collect ``requests``; rewards from the answer or from update-reward."""
         return self.producer.play(requests)
 
-    def play_outcomes(self, requests: list[RolloutRequest]) -> list[RolloutOutcome]:
-        """Play evaluation rollouts; their tokens are added to ``eval_tokens``, their traces released."""
-        played = self.play(requests)
+    def count_eval_tokens(self, played: list[PlayedRollout]) -> None:
+        """Add evaluation rollouts' tokens to ``eval_tokens``."""
         calls = [call for rollout in played for call in rollout.trace.calls]
         self.eval_tokens.prefill_tokens += sum(len(call.prompt_token_ids) for call in calls)
         self.eval_tokens.sample_tokens += sum(len(call.completion_token_ids) for call in calls)
-        self.release(played)
-        return [rollout.outcome for rollout in played]
 
     def release(self, played: list[PlayedRollout]) -> None:
         """Done with these rollouts' traces: their images leave the run's image store."""
@@ -460,22 +457,31 @@ def _totals(history: list[dict[str, Any]]) -> dict[str, int]:
     return {key: int(last.get(f"{key}_total", 0)) for key in ("prefill", "sample", "train")}
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+# Called after every evaluation with its step, the played rollouts (traces included) and the run's
+# metrics logger: how a caller shows what the policy did (``rft demo``'s episode gallery).
+EvaluationHook = Callable[[int, list[PlayedRollout], MetricsLogger], None]
+
+
+def train(
+    config: TrainConfig, *, resume: bool = False, on_evaluation: EvaluationHook | None = None
+) -> RunSummary:
     """Run GRPO as ``config`` says; with ``resume``, continue from the newest checkpoint.
 
-    The run's log also goes to ``output_dir/train.log``.
+    The run's log also goes to ``output_dir/train.log``. ``on_evaluation``: see ``EvaluationHook``.
     """
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = _add_log_file(config.output_dir)
     try:
         if config.ray is None:
-            return _train(config, resume)
+            return _train(config, resume, on_evaluation)
         # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
         from trainer.distributed import train_with_auto_resume
         from trainer.ray_cluster import ray_cluster
 
         with ray_cluster(config.ray):
-            return train_with_auto_resume(config, resume, _train)
+            return train_with_auto_resume(
+                config, resume, lambda config, resume: _train(config, resume, on_evaluation)
+            )
     finally:
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
@@ -497,6 +503,7 @@ class _Run:
     loaded: LoadedCheckpoint | None = None
     totals: dict[str, int] = field(default_factory=dict)
     counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
+    on_evaluation: EvaluationHook | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -533,8 +540,9 @@ class _StepUpdate:
     seconds: float
 
 
-def _train(config: TrainConfig, resume: bool) -> RunSummary:
+def _train(config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | None) -> RunSummary:
     run = _open_run(config, resume)
+    run.on_evaluation = on_evaluation
     failed = True
     try:
         run.session.start()
@@ -654,23 +662,42 @@ def _serve_start_adapter(run: _Run) -> None:
 def _evaluate(run: _Run, step: int) -> EvalResult:
     """Play the evaluation rows with the current adapter and keep the result in the run's state."""
     config, session = run.config, run.session
-    result = evaluate(
-        run.eval_rows,
-        step=step,
-        make_request=lambda index, row, generation: session.request(
-            row,
-            f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
-            index,
-            temperature=config.eval_temperature,
-            # The same seeds at every evaluation: before and after sample with the same random
-            # numbers, so their difference is the policy's, not the dice's.
-            seed=derived_seed(config.seed, "eval", index, generation),
-        ),
-        play=session.play_outcomes,
-        success_threshold=config.success_threshold,
-        adapter_version=run.state.adapter_version,
-        generations=config.eval_generations,
-    )
+    played: list[PlayedRollout] = []
+
+    def play(requests: list[RolloutRequest]) -> list[RolloutOutcome]:
+        batch = session.play(requests)
+        played.extend(batch)
+        session.count_eval_tokens(batch)
+        return [rollout.outcome for rollout in batch]
+
+    try:
+        result = evaluate(
+            run.eval_rows,
+            step=step,
+            make_request=lambda index, row, generation: session.request(
+                row,
+                f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
+                index,
+                temperature=config.eval_temperature,
+                # The same seeds at every evaluation: before and after sample with the same random
+                # numbers, so their difference is the policy's, not the dice's.
+                seed=derived_seed(config.seed, "eval", index, generation),
+            ),
+            play=play,
+            success_threshold=config.success_threshold,
+            adapter_version=run.state.adapter_version,
+            generations=config.eval_generations,
+        )
+        if run.on_evaluation is not None:
+            run.on_evaluation(step, played, run.metrics)
+    finally:
+        session.release(played)
+    _record_evaluation(run, step, result)
+    return result
+
+
+def _record_evaluation(run: _Run, step: int, result: EvalResult) -> None:
+    """Keep the result in the run's state; warn about failed rollouts, stop when none was scored."""
     run.state.evaluations.append(result.as_dict())
     if result.failed:
         failures = "; ".join(
@@ -684,7 +711,6 @@ def _evaluate(run: _Run, step: int) -> EvalResult:
             )
         log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
     log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
-    return result
 
 
 def _run_step(run: _Run, step: int) -> dict[str, Any]:

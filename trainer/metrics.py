@@ -120,6 +120,14 @@ class MetricsLogger:
         for sink in self.sinks:
             sink(step, record)
 
+    def log_artifact(self, local_path: Path, artifact_path: str | None = None) -> None:
+        """Copy a file (or a directory's files) into the MLflow run's artifacts, under ``artifact_path``."""
+        path = Path(local_path)
+        if path.is_dir():
+            self._client.log_artifacts(self.mlflow_run_id, str(path), artifact_path)
+        else:
+            self._client.log_artifact(self.mlflow_run_id, str(path), artifact_path)
+
     def close(self, *, failed: bool = False) -> None:
         self._client.set_terminated(self.mlflow_run_id, status="FAILED" if failed else "FINISHED")
 

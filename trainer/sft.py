@@ -121,7 +121,7 @@ def load_demonstrations(path: str | Path) -> list[dict[str, Any]]:
     return demonstrations
 
 
-def _batch(examples: Sequence[EncodedDemonstration], pad_id: int) -> dict[str, torch.Tensor]:
+def pad_batch(examples: Sequence[EncodedDemonstration], pad_id: int) -> dict[str, torch.Tensor]:
     length = max(len(example.input_ids) for example in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE, dtype=torch.long)
@@ -140,6 +140,50 @@ def assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     targets = batch["labels"][:, 1:]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
+    )
+
+
+@dataclass
+class Trainee:
+    """What a warm start needs of one kind of model: its encoded demonstrations, how to load it, how
+    to batch them and the loss (text models here; vision-language ones in ``sft_vision.py``)."""
+
+    encoded: list[Any]
+    load_model: Callable[[], Any]
+    batch: Callable[[list[Any]], dict[str, torch.Tensor]]
+    loss: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def pad_token_id(config: Any) -> int:
+    """The model's padding id (a vision-language model keeps it in its text config), else 0."""
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None and hasattr(config, "get_text_config"):
+        pad = getattr(config.get_text_config(), "pad_token_id", None)
+    return int(pad if pad is not None else 0)
+
+
+def _trainee(
+    model_dir: str | Path, demonstrations: Sequence[dict[str, Any]], chat_template: str | Path | None
+) -> Trainee:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from policy_server.chat_templates import load_tokenizer
+    from policy_server.vision_inputs import is_vision_model
+    from trainer.sft_vision import vision_trainee
+
+    tokenizer = load_tokenizer(model_dir, chat_template)
+    if not demonstrations:
+        raise DemonstrationError("no demonstrations to train on")
+    config = AutoConfig.from_pretrained(str(model_dir))
+    if is_vision_model(config):
+        return vision_trainee(model_dir, tokenizer, demonstrations)
+    encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
+    pad_id = pad_token_id(config)
+    return Trainee(
+        encoded=encoded,
+        load_model=lambda: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32),
+        batch=lambda examples: pad_batch(examples, pad_id),
+        loss=assistant_loss,
     )
 
 
@@ -166,19 +210,14 @@ def run_sft(
     name or a file, see ``policy_server.chat_templates``): use the one the policy server will use.
     """
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from policy_server.chat_templates import load_tokenizer
 
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
-    tokenizer = load_tokenizer(model_dir, chat_template)
-    encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
-    if not encoded:
-        raise DemonstrationError("no demonstrations to train on")
+    trainee = _trainee(model_dir, demonstrations, chat_template)
+    encoded = trainee.encoded
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    base = trainee.load_model()
     model = get_peft_model(
         base,
         LoraConfig(
@@ -190,14 +229,12 @@ def run_sft(
         ),
     )
     model.train()
-    pad = base.config.pad_token_id
-    pad_id = int(pad if pad is not None else 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
     rng = random.Random(seed)
     result = SftResult(adapter_dir=Path(out_dir), assistant_tokens=sum(sum(e.loss_mask) for e in encoded))
     for step in range(1, steps + 1):
-        loss = assistant_loss(model, _batch(rng.choices(encoded, k=batch_size), pad_id))
+        loss = trainee.loss(model, trainee.batch(rng.choices(encoded, k=batch_size)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)

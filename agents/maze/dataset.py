@@ -4,9 +4,10 @@ Each line becomes one payload's ``prompt`` as it is; the agent regenerates the m
 evaluation mazes are fixed (their own seed range, the same for every run); training mazes come from
 another seed range, and any that happens to equal an evaluation maze is left out::
 
-    python -m agents.maze.dataset OUT_DIR [--train-size N]
+    python -m agents.maze.dataset OUT_DIR [--train-size N] [--observation image]
 
-writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/validation.jsonl``.
+writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/validation.jsonl``. With ``--observation image`` every
+row also says ``"observation": "image"``: the agent shows the policy a picture of the map.
 """
 
 from __future__ import annotations
@@ -62,16 +63,23 @@ def _candidate_rows(first_seed: int) -> Iterator[dict[str, int]]:
         seed += 1
 
 
-def write_rows(path: Path, rows: list[dict[str, int]]) -> None:
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_dataset(out_dir: Path, train_size: int = TRAIN_SIZE) -> tuple[Path, Path]:
-    """Write train.jsonl and validation.jsonl into ``out_dir``; returns their paths."""
+def write_dataset(
+    out_dir: Path, train_size: int = TRAIN_SIZE, observation: str = "text"
+) -> tuple[Path, Path]:
+    """Write train.jsonl and validation.jsonl into ``out_dir``; returns their paths.
+
+    ``observation``: ``text`` writes the rows as they are (the agent's setting decides); any other
+    kind (``image``) goes into every row.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, validation_path = out_dir / TRAIN_FILE, out_dir / VALIDATION_FILE
-    write_rows(train_path, train_rows(train_size))
-    write_rows(validation_path, eval_rows())
+    extra = {} if observation == "text" else {"observation": observation}
+    write_rows(train_path, [{**row, **extra} for row in train_rows(train_size)])
+    write_rows(validation_path, [{**row, **extra} for row in eval_rows()])
     return train_path, validation_path
 
 
@@ -79,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the maze train/validation JSONL files.")
     parser.add_argument("out_dir", type=Path, help="directory to write train.jsonl and validation.jsonl into")
     parser.add_argument("--train-size", type=int, default=TRAIN_SIZE, help="number of training mazes")
+    parser.add_argument(
+        "--observation", choices=("text", "image"), default="text", help="what the agent shows the policy"
+    )
     args = parser.parse_args(argv)
-    train_path, validation_path = write_dataset(args.out_dir, args.train_size)
+    train_path, validation_path = write_dataset(args.out_dir, args.train_size, args.observation)
     print(f"wrote {args.train_size} rows to {train_path} and {EVAL_SIZE} rows to {validation_path}")
     return 0
 

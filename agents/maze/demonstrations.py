@@ -3,7 +3,9 @@
 One demonstration per model call of a walked episode: the chat request the maze agent sends for that
 call (system prompt, tools, and what ``keep_last_observation`` leaves: the opening observation, or
 the previous move and its observation) followed by the walker's move. The requests are built with
-Strands' own OpenAI formatting, so they render token for token like a real rollout.
+Strands' own OpenAI formatting, so they render token for token like a real rollout, images included:
+with ``observation="image"`` each observation is the map's PNG (``observation.py``), sent as an
+``image_url`` part exactly as the agent sends it.
 
 The walker takes a shortest-path move from wherever it stands, except that with probability
 ``noise`` it moves in a random direction instead (a wall, a step away from the goal, or by chance
@@ -19,12 +21,12 @@ from typing import Any
 
 from strands.models.openai import OpenAIModel
 from strands.types.content import Message, Messages
-from strands.types.tools import ToolResult, ToolUse
+from strands.types.tools import ToolResult, ToolResultContent, ToolUse
 
 from agents.maze.dataset import row_maze, train_rows
 from agents.maze.env import Direction, Maze, MazeGame
 from agents.maze.main import SYSTEM_PROMPT, move_tool
-from agents.maze.render import start_text, step_text
+from agents.maze.observation import Observation, observation_kind, start_content, step_content
 from agents.maze.solver import shortest_path
 
 
@@ -33,18 +35,20 @@ def _call(index: int, direction: str) -> Message:
     return {"role": "assistant", "content": [{"toolUse": tool_use}]}
 
 
-def _observation(index: int, text: str) -> Message:
-    result: ToolResult = {"toolUseId": f"call_{index}", "status": "success", "content": [{"text": text}]}
+def _observation(index: int, content: list[ToolResultContent]) -> Message:
+    result: ToolResult = {"toolUseId": f"call_{index}", "status": "success", "content": content}
     return {"role": "user", "content": [{"toolResult": result}]}
 
 
 def episode_demonstrations(
-    maze: Maze, noise: float = 0.0, rng: random.Random | None = None
+    maze: Maze, noise: float = 0.0, rng: random.Random | None = None, observation: Observation = "text"
 ) -> list[dict[str, Any]]:
     """``{"messages": [...], "tools": [...]}`` in OpenAI chat format, one per move of the walker.
 
-    ``noise`` is the chance of a random move instead of a shortest-path one (drawn from ``rng``).
+    ``noise`` is the chance of a random move instead of a shortest-path one (drawn from ``rng``);
+    ``observation`` what the policy sees (``text`` or ``image``).
     """
+    observation = observation_kind(observation)
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise must be between 0 and 1, got {noise}")
     if noise > 0.0 and rng is None:
@@ -55,7 +59,7 @@ def episode_demonstrations(
     # The client is never used: format_request only shapes the request body.
     model = OpenAIModel(client_args={"api_key": "unused"}, model_id="demonstration")
     tool_specs = [move_tool(MazeGame(maze)).tool_spec]
-    context: Messages = [{"role": "user", "content": [{"text": start_text(game)}]}]
+    context: Messages = [{"role": "user", "content": start_content(game, observation)}]
     demonstrations = []
     index = 0
     while not game.done:
@@ -67,21 +71,22 @@ def episode_demonstrations(
         request = model.format_request([*context, move], tool_specs, SYSTEM_PROMPT)
         demonstrations.append({"messages": request["messages"], "tools": request["tools"]})
         result = game.step(direction)
-        context = [move, _observation(index, step_text(game, result))]
+        context = [move, _observation(index, step_content(game, result, observation))]
         index += 1
     return demonstrations
 
 
 def maze_demonstrations(
-    count: int, first_seed: int = 0, *, noise: float = 0.0, seed: int = 0
+    count: int, first_seed: int = 0, *, noise: float = 0.0, seed: int = 0, observation: Observation = "text"
 ) -> list[dict[str, Any]]:
     """Demonstrations of every move on ``count`` training mazes (never the evaluation mazes).
 
-    ``noise``: the walker's chance of a random move (see the module docstring); ``seed`` seeds them.
+    ``noise``: the walker's chance of a random move (see the module docstring); ``seed`` seeds them;
+    ``observation``: ``text`` or ``image``.
     """
     rng = random.Random(f"maze-walker-{seed}")
     return [
         demo
         for row in train_rows(count, first_seed)
-        for demo in episode_demonstrations(row_maze(row), noise, rng)
+        for demo in episode_demonstrations(row_maze(row), noise, rng, observation)
     ]

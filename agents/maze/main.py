@@ -1,9 +1,11 @@
 """The maze agent: a Strands agent walks a grid maze with one tool, ``move``, rewarded inside the agent.
 
 Each rollout's row names a maze (``{"seed": 17, "size": 5}``, or ``{"maze": {...}}``, or either as a
-JSON string). The model sees text observations (``render.py``): the first in the user message, then
-one after every move as the tool result; each model call sees only the latest move and observation
-(``keep_last_observation``). The episode ends at the goal or when the move limit is
+JSON string), and may choose what the model sees with ``"observation": "text"`` or ``"image"``
+(default: the ``RFTKIT_MAZE_OBSERVATION`` setting, else text; see ``observation.py``): the text
+observation (``render.py``) or a picture of the map (``picture.py``). The first is in the user
+message, then one after every move as the tool result; each model call sees only the latest move and
+observation (``keep_last_observation``). The episode ends at the goal or when the move limit is
 spent; the agent then stops without another model call. The model may also stop on its own by
 answering in plain text instead of calling ``move``. Reward: 1.0 only when the goal was reached
 within the move limit, else 0.0 (also when the model endpoint refused to play, e.g. with a 400).
@@ -28,7 +30,13 @@ from strands.types.tools import AgentTool
 
 from agents.maze.dataset import row_maze
 from agents.maze.env import Maze, MazeGame
-from agents.maze.render import start_text, step_text
+from agents.maze.observation import (
+    Observation,
+    default_observation,
+    observation_kind,
+    start_content,
+    step_content,
+)
 from handlers import InvalidRowError, RolloutContext, rft_app
 from handlers.episode_errors import ends_episode
 
@@ -37,8 +45,8 @@ logger = logging.getLogger(__name__)
 SYSTEM_PROMPT = "Walk the maze to the goal."
 
 
-def parse_maze(row: Any) -> Maze:
-    """The maze a row names: an object (see ``dataset.row_maze``) or that object as a JSON string."""
+def parse_row(row: Any) -> dict[str, Any]:
+    """A row as an object: it may come as the object or as that object as a JSON string."""
     if isinstance(row, str):
         try:
             row = json.loads(row)
@@ -48,25 +56,41 @@ def parse_maze(row: Any) -> Maze:
             ) from error
     if not isinstance(row, dict):
         raise InvalidRowError(f'the prompt must be an object like {{"seed": 17, "size": 5}}, got {row!r}')
+    return row
+
+
+def parse_maze(row: Any) -> Maze:
+    """The maze a row names: an object (see ``dataset.row_maze``) or that object as a JSON string."""
     try:
-        return row_maze(row)
+        return row_maze(parse_row(row))
     except ValueError as error:
         raise InvalidRowError(str(error)) from error
 
 
-def move_tool(game: MazeGame) -> AgentTool:
+def parse_observation(row: Any) -> Observation:
+    """What the row asks the model to see (``"observation"``), else the agent's setting."""
+    fields = parse_row(row)
+    if "observation" not in fields:
+        return default_observation()
+    try:
+        return observation_kind(fields["observation"])
+    except ValueError as error:
+        raise InvalidRowError(str(error)) from error
+
+
+def move_tool(game: MazeGame, observation: Observation = "text") -> AgentTool:
     """The ``move`` tool bound to one episode; it stops the agent once the episode is over."""
 
     @tool(name="move", context=True)
-    def move(direction: Literal["up", "down", "left", "right"], tool_context: ToolContext) -> str:
+    def move(direction: Literal["up", "down", "left", "right"], tool_context: ToolContext) -> dict[str, Any]:
         """Move one cell."""
         if game.done:
-            return "The episode is over."
+            return {"status": "success", "content": [{"text": "The episode is over."}]}
         result = game.step(direction)
         if result.done:
             # Let the rest of this tool batch answer, then end without another model call.
             tool_context.agent.cancel(after_current_tools=True)
-        return step_text(game, result)
+        return {"status": "success", "content": step_content(game, result, observation)}
 
     return move
 
@@ -84,11 +108,11 @@ def keep_last_observation(event: BeforeModelCallEvent) -> None:
         del messages[:-2]
 
 
-def build_agent(game: MazeGame, model: Any) -> Agent:
-    """The Strands agent that plays ``game`` through ``model``."""
+def build_agent(game: MazeGame, model: Any, observation: Observation = "text") -> Agent:
+    """The Strands agent that plays ``game`` through ``model``, showing it ``observation``s."""
     return Agent(
         model=model,
-        tools=[move_tool(game)],
+        tools=[move_tool(game, observation)],
         system_prompt=SYSTEM_PROMPT,
         hooks=[keep_last_observation],
         conversation_manager=NullConversationManager(),
@@ -100,10 +124,10 @@ def build_agent(game: MazeGame, model: Any) -> Agent:
 
 async def rollout(row: Any, ctx: RolloutContext) -> dict[str, Any]:
     """Play one maze against the policy and return its reward with a few metrics."""
-    game = MazeGame(parse_maze(row))
-    agent = build_agent(game, ctx.strands_model())
+    game, observation = MazeGame(parse_maze(row)), parse_observation(row)
+    agent = build_agent(game, ctx.strands_model(), observation)
     try:
-        await agent.invoke_async(start_text(game))
+        await agent.invoke_async(start_content(game, observation))
     except Exception as error:
         if not ends_episode(error):
             raise

@@ -3,6 +3,7 @@ yet every demonstration is a call the maze agent would really send at that point
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 
@@ -11,6 +12,7 @@ import pytest
 from agents.maze.dataset import row_maze, train_rows
 from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
 from agents.maze.env import Maze, MazeGame
+from agents.maze.picture import game_png
 from agents.maze.render import start_text, step_text
 from agents.maze.solver import shortest_path
 
@@ -66,3 +68,28 @@ def test_bad_noise_is_refused() -> None:
         episode_demonstrations(maze, noise=1.5, rng=random.Random(0))
     with pytest.raises(ValueError, match="needs rng"):
         episode_demonstrations(maze, noise=0.2)
+
+
+def test_image_demonstrations_show_the_picture_the_agent_would_send() -> None:
+    maze = row_maze(train_rows(1)[0])
+    demonstrations = episode_demonstrations(maze, observation="image")
+    assert _moves(demonstrations) == [direction.value for direction in shortest_path(maze) or []]
+    game = MazeGame(maze)
+    for demo in demonstrations:
+        *_, pictures, move = demo["messages"]
+        assert move["role"] == "assistant" and pictures["role"] == "user"
+        image = pictures["content"][-1]
+        url = "data:image/png;base64," + base64.b64encode(game_png(game)).decode()
+        assert image["type"] == "image_url" and image["image_url"]["url"] == url
+        game.step(_moves([demo])[0])
+    assert game.reached_goal
+    # Later calls carry the tool message, then the picture as a user message (OpenAI's rule).
+    assert [m["role"] for m in demonstrations[1]["messages"]] == [
+        "system",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+    ]
+    with pytest.raises(ValueError, match="observation must be one of"):
+        episode_demonstrations(maze, observation="sound")  # type: ignore[arg-type]

@@ -119,3 +119,10 @@ def test_evaluation_mazes_are_fixed_and_apart_from_training(tmp_path) -> None:
     train_path, validation_path = write_dataset(tmp_path, train_size=50)
     assert [json.loads(line) for line in validation_path.read_text().splitlines()] == evaluation
     assert len(train_path.read_text().splitlines()) == 50
+
+
+def test_an_image_dataset_asks_every_row_for_pictures(tmp_path) -> None:
+    train_path, validation_path = write_dataset(tmp_path, train_size=5, observation="image")
+    validation = [json.loads(line) for line in validation_path.read_text().splitlines()]
+    assert validation == [{**row, "observation": "image"} for row in eval_rows()]
+    assert all(json.loads(line)["observation"] == "image" for line in train_path.read_text().splitlines())

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,8 @@ import pytest
 from agents.maze.dataset import row_maze
 from agents.maze.env import MazeGame
 from agents.maze.main import app as maze_app
+from agents.maze.observation import OBSERVATION_ENV
+from agents.maze.picture import game_png
 from agents.maze.render import start_text, step_text
 from agents.maze.solver import shortest_path
 from handlers.serving import serve_in_thread
@@ -120,3 +123,63 @@ def test_a_row_without_a_maze_is_rejected(agent_url: str, model: tuple[ScriptedM
     assert response.status_code == 400
     assert "a maze row must be like" in response.json()["error"]
     assert "seed" in response.json()["error"]
+
+
+def _image_bytes(part: dict[str, Any]) -> bytes:
+    assert part["type"] == "image_url"
+    url = part["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    return base64.b64decode(url.removeprefix("data:image/png;base64,"))
+
+
+def _assert_image_turns(requests: list[dict[str, Any]], path: list[str]) -> None:
+    """The opening picture in the user message, then each move's picture after its tool message."""
+    game = MazeGame(row_maze(ROW))
+    first = requests[0]["messages"][1]["content"]
+    assert first[0] == {"type": "text", "text": f"Maze 5x5. Moves left: {game.maze.move_limit}."}
+    assert _image_bytes(first[1]) == game_png(game)
+    # No text observation: the picture is what the policy has to go on.
+    assert "Closer" not in json.dumps(requests) and "Goal:" not in json.dumps(requests)
+    for request, direction in zip(requests[1:], path, strict=False):
+        game.step(direction)
+        *_, tool_message, pictures = request["messages"]
+        assert tool_message["role"] == "tool"
+        assert tool_message["content"][0]["text"] == f"Moved. Moves left: {game.moves_left}."
+        assert pictures["role"] == "user" and _image_bytes(pictures["content"][0]) == game_png(game)
+
+
+def test_image_observations_through_the_strands_loop(
+    agent_url: str, model: tuple[ScriptedModel, str]
+) -> None:
+    scripted, endpoint = model
+    path = [direction.value for direction in shortest_path(row_maze(ROW)) or []]
+    scripted.scripts["seen"] = moves(*path)
+    response = play(agent_url, endpoint, "seen", prompt={**ROW, "observation": "image"})
+    assert response.status_code == 200, response.text
+    # Same tool, same reward as with text.
+    assert response.json()["metrics"] == {"solved": 1.0, "moves": len(path), "stopped": 0.0}
+    requests = scripted.bodies("seen")
+    assert len(requests) == len(path)
+    assert [tool["function"]["name"] for tool in requests[0]["tools"]] == ["move"]
+    _assert_image_turns(requests, path)
+
+
+def test_the_agent_setting_chooses_images_when_the_row_does_not(
+    agent_url: str, model: tuple[ScriptedModel, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted, endpoint = model
+    monkeypatch.setenv(OBSERVATION_ENV, "image")
+    scripted.scripts["setting"] = moves("down", "I stop.")
+    assert play(agent_url, endpoint, "setting").status_code == 200
+    assert scripted.bodies("setting")[0]["messages"][1]["content"][1]["type"] == "image_url"
+    # A row's own choice wins over the setting.
+    scripted.scripts["row"] = moves("I stop.")
+    assert play(agent_url, endpoint, "row", prompt={**ROW, "observation": "text"}).status_code == 200
+    assert "image_url" not in json.dumps(scripted.bodies("row"))
+
+
+def test_an_unknown_observation_is_rejected(agent_url: str, model: tuple[ScriptedModel, str]) -> None:
+    _, endpoint = model
+    response = play(agent_url, endpoint, "bad-observation", prompt={**ROW, "observation": "smell"})
+    assert response.status_code == 400
+    assert "observation must be one of text, image, got 'smell'" in response.json()["error"]
