@@ -276,7 +276,9 @@ def train_config(
             "success_threshold": 0.5,
             "max_completion_length": 64,
             "max_calls_per_rollout": 32,
-            "rollout_timeout_s": 120.0,
+            # Generous: on a machine shared with other work a rollout that times out is a failure, and
+            # the run would no longer give the same numbers as on an idle one.
+            "rollout_timeout_s": 900.0,
             "save_steps": plan.grpo_steps,
             "save_total_limit": 1,
             "output_dir": str(output_dir),
