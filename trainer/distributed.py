@@ -213,6 +213,10 @@ class RayLearner:
         batch, old = list(sequences), None if old_logprobs is None else list(old_logprobs)
         return self._call([worker.train_step.remote(batch, seed, old) for worker in self.workers])[0]
 
+    def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
+        """All of them: the workers train text models (they hold no image store)."""
+        return list(sequences)
+
     def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
         """Each worker's share of :meth:`trainer.learner.Learner.old_logprobs`, put together."""
         batch = list(sequences)

@@ -37,7 +37,7 @@ from policy_server.vision_inputs import VisionInputs, is_vision_model, load_mode
 from trainer.grpo import grpo_loss
 from trainer.logprobs import chunked_token_logprobs, logit_transform
 from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
-from trainer.vision import batch_vision_inputs, lora_targets
+from trainer.vision import batch_vision_inputs, lora_targets, stray_placeholders
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore
@@ -208,6 +208,14 @@ class Learner:
             model.set_adapter(TRAINED_ADAPTER)
             self.reference_adapter = REFERENCE_ADAPTER
         return model
+
+    def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
+        """The sequences the learner can score exactly: for a vision-language model, those without an
+        image placeholder the policy sampled (:func:`trainer.vision.stray_placeholders`); all others."""
+        if self.vision is None:
+            return list(sequences)
+        token = self.vision.image_token_id
+        return [sequence for sequence in sequences if not stray_placeholders(sequence, token)]
 
     def batch_inputs(
         self, micro: Sequence[TrainingSequence]

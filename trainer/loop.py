@@ -815,6 +815,14 @@ def _update(run: _Run, step: int, batch: _GroupBatch) -> _StepUpdate:
     started = time.monotonic()
     metrics: dict[str, float] = {}
     applied = False
+    sequences = run.learner.scorable(batch.sequences)
+    if len(sequences) < len(batch.sequences):
+        log.warning(
+            "step %d: %d sequence(s) sampled an image placeholder token and stay out of the update",
+            step,
+            len(batch.sequences) - len(sequences),
+        )
+    batch.sequences = sequences
     if not batch.sequences:
         log.info("step %d: no trainable group, no update", step)
         return _StepUpdate(applied, metrics, time.monotonic() - started)

@@ -88,3 +88,13 @@ def batch_vision_inputs(
     positions = position_ids(model, batch.input_ids.cpu(), batch.attention_mask.cpu(), grid)
     inputs["position_ids"] = positions.to(device)
     return inputs
+
+
+def stray_placeholders(sequence: TrainingSequence, image_token_id: int) -> bool:
+    """Whether ``sequence`` holds an image placeholder token outside its images' runs: one the policy
+    sampled. The model would take it for an image at training time (it places image features on every
+    placeholder), so such a sequence cannot be scored as it was sampled and stays out of the update."""
+    inside = {position for ref in sequence.images for position in range(ref.start, ref.start + ref.length)}
+    return any(
+        token == image_token_id and index not in inside for index, token in enumerate(sequence.token_ids)
+    )

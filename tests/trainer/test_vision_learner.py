@@ -20,8 +20,8 @@ from policy_server.trace import CallRecord, RolloutTrace
 from tests.vision_helpers import image_bytes, image_part
 from trainer.config import LoraConfig, TrainConfig
 from trainer.learner import Learner
-from trainer.sequences import build_sequences, count_train_tokens
-from trainer.vision import lora_targets
+from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
+from trainer.vision import lora_targets, stray_placeholders
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/vision-learner"
 # Random weights sample byte-level BPE tokens that may not re-tokenize to themselves (half a UTF-8
@@ -165,3 +165,17 @@ def test_lora_adapts_the_language_model_unless_told_to_adapt_vision(tiny_vision_
     }
     with pytest.raises(ValueError, match="names no linear layer"):
         lora_targets(model, LoraConfig(target_modules=["qkv"]))  # a vision-only name, tower frozen
+
+
+def test_a_sampled_image_placeholder_keeps_its_sequence_out_of_the_update() -> None:
+    # Found in the full `rft demo --vision` run: the random-init policy sampled <|image_pad|> once, and
+    # the model would place image features on it when training (and its M-RoPE positions shifted by one
+    # image), so the step failed. Such a sequence cannot be scored as it was sampled.
+    pad = 7
+    image = ImageRef(sha256="a" * 64, start=2, length=3)
+    clean = TrainingSequence("r0", token_ids=[1, 2, pad, pad, pad, 3, 4], images=[image])
+    stray = TrainingSequence("r1", token_ids=[1, 2, pad, pad, pad, 3, pad], images=[image])
+    text_only = TrainingSequence("r2", token_ids=[1, pad, 3])
+    assert not stray_placeholders(clean, pad)
+    assert stray_placeholders(stray, pad)
+    assert stray_placeholders(text_only, pad)
