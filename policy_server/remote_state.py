@@ -116,3 +116,11 @@ class RemoteVersions:
 
     def retired(self) -> list[int]:
         return []
+
+    # Rollouts are pinned to versions in the state process only (the trainer opens them there); a
+    # worker's take-trace and close-job reach that process's server through the link, which unpins.
+    def unpin(self, key: tuple[str, str]) -> None:
+        pass
+
+    def unpin_job(self, job_arn: str) -> None:
+        pass

@@ -342,4 +342,4 @@ def test_rft_model_tiny_is_rft_tiny_model(tmp_path: Path, capsys: pytest.Capture
     ).read_bytes()
     capsys.readouterr()
     assert rft(["model", "llama"]) == 2
-    assert "unknown model 'llama'; choose one of: tiny, smollm2" in capsys.readouterr().err
+    assert "unknown model 'llama'; choose one of: tiny, tiny-vision, smollm2" in capsys.readouterr().err

@@ -34,7 +34,8 @@ JOB = "job-ray"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    start_local_cluster(4, log_to_driver=False)
+    # Room for the module's two replicas and, in the train test, its own two and a learner worker.
+    start_local_cluster(8, log_to_driver=False)
     yield
     ray.shutdown()
 
