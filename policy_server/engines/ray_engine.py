@@ -96,7 +96,18 @@ class RayEngine:
             actor_class.options(**self._options, **self._name(index)).remote(self._build_engine)
             for index in range(self.replica_count)
         ]
-        await asyncio.gather(*(replica.ready.remote() for replica in self.replicas))
+        try:
+            # A replica whose resources the cluster cannot give stays pending forever: bound the wait.
+            await asyncio.wait_for(
+                asyncio.gather(*(replica.ready.remote() for replica in self.replicas)),
+                timeout=self.recovery_timeout_s,
+            )
+        except TimeoutError:
+            raise RuntimeError(
+                f"the {self.replica_count} inference replicas did not all start within "
+                f"{self.recovery_timeout_s:g} s (ray.recovery_timeout_s): check that the cluster has the "
+                f"resources each one asks for ({self._options}; `ray status` shows what is free)"
+            ) from None
         self.live = set(range(self.replica_count))
 
     def _name(self, index: int) -> dict[str, str]:

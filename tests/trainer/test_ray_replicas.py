@@ -215,3 +215,25 @@ def test_train_goes_on_when_a_replica_dies_mid_step(
     assert step2["deaths"] == 1
     # The killed replica's rollouts went on elsewhere: calls in flight sent again, later calls moved.
     assert step2["failovers"] + step2["moved_rollouts"] >= 1
+
+
+def test_replicas_the_cluster_cannot_place_fail_to_start_with_a_sentence(
+    cluster: None, tiny_model_dir: Path
+) -> None:
+    # Ray leaves an actor whose resources no node has pending forever; the engine must not wait forever.
+    config = validate_config(
+        {
+            "model": str(tiny_model_dir),
+            "train_file": "unused.jsonl",
+            "ray": {
+                "inference_replicas": 1,
+                "replica_resources": {"no_such_node": 1},
+                "recovery_timeout_s": 2,
+            },
+        }
+    )
+    engine = ray_engine(config, tiny_model_dir)
+    with pytest.raises(RuntimeError, match=r"did not all start within 2 s \(ray.recovery_timeout_s\)"):
+        asyncio.run(engine.start())
+    for replica in engine.replicas:
+        ray.kill(replica)
