@@ -52,7 +52,7 @@ class FileReadingEngine:
     async def close(self) -> None: ...
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        raise NotImplementedError("this engine only loads adapters")
+        raise RuntimeError("the adapter-transfer benchmark's engine only loads adapters; it serves no calls")
 
     async def load_adapter(self, version: int, path: str) -> None:
         self.bytes_read[version] = sum(len(p.read_bytes()) for p in Path(path).iterdir() if p.is_file())

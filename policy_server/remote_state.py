@@ -117,10 +117,9 @@ class RemoteVersions:
     def retired(self) -> list[int]:
         return []
 
-    # Rollouts are pinned to versions in the state process only (the trainer opens them there); a
-    # worker's take-trace and close-job reach that process's server through the link, which unpins.
     def unpin(self, key: tuple[str, str]) -> None:
-        pass
+        """Nothing to do here: rollouts are pinned to versions in the state process only (the trainer
+        opens them there), and a worker's take-trace reaches that process's server, which unpins."""
 
     def unpin_job(self, job_arn: str) -> None:
-        pass
+        """Nothing to do here: a worker's close-job reaches the state process's server, which unpins."""

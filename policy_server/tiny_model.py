@@ -292,6 +292,17 @@ def build_tiny_model(
     return out
 
 
+def read_corpus(paths: list[Path]) -> list[str]:
+    """The non-empty lines of ``paths``, for the tokenizer's corpus; an unreadable file is a ValueError."""
+    texts: list[str] = []
+    for path in paths:
+        try:
+            texts.extend(line for line in path.read_text().splitlines() if line.strip())
+        except OSError as exc:
+            raise ValueError(f"cannot read corpus file {path}: {exc.strerror}") from exc
+    return texts
+
+
 def main(argv: list[str] | None = None) -> int:
     """``rft tiny-model OUT``: build a tiny model directory offline."""
     parser = argparse.ArgumentParser(prog="rft tiny-model", description=__doc__.splitlines()[0])
@@ -306,18 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intermediate-size", type=int, default=256)
     parser.add_argument("--max-position-embeddings", type=int, default=2048)
     args = parser.parse_args(argv)
-    texts: list[str] = []
-    for path in args.corpus:
-        try:
-            texts.extend(line for line in path.read_text().splitlines() if line.strip())
-        except OSError as exc:
-            print(f"rft tiny-model: cannot read corpus file {path}: {exc.strerror}", file=sys.stderr)
-            return 2
     try:
         out = build_tiny_model(
             args.out,
             seed=args.seed,
-            corpus=texts,
+            corpus=read_corpus(args.corpus),
             vocab_size=args.vocab_size,
             hidden_size=args.hidden_size,
             num_layers=args.num_layers,

@@ -30,6 +30,7 @@ from policy_server.tiny_model import (
     _corpus_texts,
     _save_tokenizer,
     _train_tokenizer,
+    read_corpus,
 )
 
 VISION_START = "<|vision_start|>"
@@ -175,18 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--max-position-embeddings", type=int, default=2048)
     args = parser.parse_args(argv)
-    texts: list[str] = []
-    for path in args.corpus:
-        try:
-            texts.extend(line for line in path.read_text().splitlines() if line.strip())
-        except OSError as exc:
-            print(f"rft model tiny-vision: cannot read corpus file {path}: {exc.strerror}", file=sys.stderr)
-            return 2
     try:
         out = build_tiny_vision_model(
             args.out,
             seed=args.seed,
-            corpus=texts,
+            corpus=read_corpus(args.corpus),
             vocab_size=args.vocab_size,
             hidden_size=args.hidden_size,
             num_layers=args.num_layers,

@@ -24,3 +24,29 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
 
 def image_part(data: bytes | None = None, *, url: str | None = None) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url or data_url(data or image_bytes())}}
+
+
+def strands_image_block(data: bytes) -> dict[str, Any]:
+    """A Strands image content block of PNG bytes."""
+    return {"image": {"format": "png", "source": {"bytes": data}}}
+
+
+def strands_image_history(first: bytes, second: bytes) -> list[dict[str, Any]]:
+    """A Strands conversation with an image in the user's message (``first``) and one in a tool result
+    (``second``): the tiny model's own tool calls are random text, so the history holds the call."""
+    return [
+        {"role": "user", "content": [{"text": "What do you see?"}, strands_image_block(first)]},
+        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "look", "input": {}}}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "toolResult": {
+                        "toolUseId": "t1",
+                        "status": "success",
+                        "content": [{"text": "view"}, strands_image_block(second)],
+                    }
+                }
+            ],
+        },
+    ]

@@ -23,7 +23,7 @@ from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
 from policy_server.images import ImageLimits
 from policy_server.trace import CallRecord
-from tests.vision_helpers import data_url, image_bytes, image_part
+from tests.vision_helpers import data_url, image_bytes, image_part, strands_image_history
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/vision"
 LIMITS = ImageLimits(max_image_bytes=16 * 1024, max_images_per_call=3, max_image_pixels=160 * 160)
@@ -43,10 +43,6 @@ def served(tiny_vision_dir: Path) -> Iterator[tuple[PolicyServer, ServerThread]]
 
 def _headers(rollout_id: str) -> dict[str, str]:
     return {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id}
-
-
-def _image_block(data: bytes) -> dict[str, Any]:
-    return {"image": {"format": "png", "source": {"bytes": data}}}
 
 
 def _check_images(call: CallRecord, expected: list[bytes], image_token_id: int) -> None:
@@ -75,23 +71,7 @@ def test_a_strands_agent_sends_images_in_a_user_message_and_a_tool_result(
         model_id="default",
         params={"max_tokens": 6, "temperature": 1.0, "seed": 7},
     )
-    # The tiny model's own tool calls are random text: the history holds the call and its result.
-    history = [
-        {"role": "user", "content": [{"text": "What do you see?"}, _image_block(RED)]},
-        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "look", "input": {}}}]},
-        {
-            "role": "user",
-            "content": [
-                {
-                    "toolResult": {
-                        "toolUseId": "t1",
-                        "status": "success",
-                        "content": [{"text": "view"}, _image_block(BLUE)],
-                    }
-                }
-            ],
-        },
-    ]
+    history = strands_image_history(RED, BLUE)
     agent = Agent(model=model, messages=history, callback_handler=None)
     # The tiny model rarely stops within 6 tokens: Strands then raises after keeping the reply.
     with contextlib.suppress(MaxTokensReachedException):

@@ -30,7 +30,7 @@ from policy_server.images import ImageLimits
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
-from tests.vision_helpers import image_bytes, image_part
+from tests.vision_helpers import image_bytes, image_part, strands_image_history
 
 JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/vllm-vision"
 LIMITS = ImageLimits(max_image_bytes=16 * 1024, max_images_per_call=3, max_image_pixels=160 * 160)
@@ -54,10 +54,6 @@ def served(tiny_vision_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServ
 
 def _headers(rollout_id: str) -> dict[str, str]:
     return {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id}
-
-
-def _image_block(data: bytes) -> dict[str, Any]:
-    return {"image": {"format": "png", "source": {"bytes": data}}}
 
 
 def _teacher_forced(model: Any, server: PolicyServer, model_dir: Path, call: CallRecord) -> torch.Tensor:
@@ -91,22 +87,7 @@ def _strands_call(thread: ServerThread, rollout_id: str) -> Agent:
         model_id="default",
         params={"max_tokens": 8, "temperature": 1.0, "seed": 7},
     )
-    history = [
-        {"role": "user", "content": [{"text": "What do you see?"}, _image_block(RED)]},
-        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t1", "name": "look", "input": {}}}]},
-        {
-            "role": "user",
-            "content": [
-                {
-                    "toolResult": {
-                        "toolUseId": "t1",
-                        "status": "success",
-                        "content": [{"text": "view"}, _image_block(BLUE)],
-                    }
-                }
-            ],
-        },
-    ]
+    history = strands_image_history(RED, BLUE)
     agent = Agent(model=model, messages=history, callback_handler=None)
     # The random tiny model rarely stops within 8 tokens: Strands then raises after keeping the reply.
     with contextlib.suppress(MaxTokensReachedException):
