@@ -33,7 +33,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -135,12 +135,26 @@ TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
 VISION_TOWER_MODULES = ["qkv", "attn.proj", "fc1", "fc2", "mlp.0", "mlp.2"]
 PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
 AGENT_PORT_FOR_RERUN = 8080
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
 
 
 def banner(text: str) -> None:
     """A stage heading, so progress is visible in a plain terminal log."""
     print(f"\n=== {text} ===", flush=True)
+
+
+def _death_signal() -> Callable[[], None] | None:
+    """What the agent's process runs before it starts, on Linux: ask the kernel for SIGTERM when the
+    demo's process ends, however it ends (stopped by SIGTERM or SIGKILL the demo never reaches its
+    ``finally``, and the agent would keep serving). Built here, so the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None).prctl
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @contextmanager
@@ -161,7 +175,7 @@ def serve_agent() -> Iterator[str]:
         "logging.getLogger('bedrock_agentcore.app').setLevel(logging.WARNING); "
         f"app.run(port={port}, host='127.0.0.1', log_level='warning')"
     )
-    process = subprocess.Popen([sys.executable, "-c", launch])
+    process = subprocess.Popen([sys.executable, "-c", launch], preexec_fn=_death_signal())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60.0

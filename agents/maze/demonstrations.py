@@ -24,7 +24,7 @@ from strands.types.content import Message, Messages
 from strands.types.tools import ToolResult, ToolResultContent, ToolUse
 
 from agents.maze.dataset import row_maze, train_rows
-from agents.maze.env import Direction, Maze, MazeGame
+from agents.maze.env import Direction, Maze, MazeGame, StepResult
 from agents.maze.main import SYSTEM_PROMPT, move_tool
 from agents.maze.observation import Observation, observation_kind, start_content, step_content
 from agents.maze.solver import shortest_path
@@ -56,24 +56,39 @@ def episode_demonstrations(
     if shortest_path(maze) is None:
         raise ValueError("the maze has no path from start to goal")
     game = MazeGame(maze)
-    # The client is never used: format_request only shapes the request body.
-    model = OpenAIModel(client_args={"api_key": "unused"}, model_id="demonstration")
-    tool_specs = [move_tool(MazeGame(maze)).tool_spec]
-    context: Messages = [{"role": "user", "content": start_content(game, observation)}]
     demonstrations = []
-    index = 0
+    last: tuple[Direction, StepResult] | None = None
     while not game.done:
         if noise > 0.0 and rng is not None and rng.random() < noise:
             direction = rng.choice(list(Direction))
         else:
             direction = (shortest_path(maze, game.position) or [])[0]
-        move = _call(index, direction.value)
-        request = model.format_request([*context, move], tool_specs, SYSTEM_PROMPT)
-        demonstrations.append({"messages": request["messages"], "tools": request["tools"]})
-        result = game.step(direction)
-        context = [move, _observation(index, step_content(game, result, observation))]
-        index += 1
+        context = context_after(game, last, observation)
+        demonstrations.append(call_demonstration(maze, context, direction, len(game.moves)))
+        last = direction, game.step(direction)
     return demonstrations
+
+
+def context_after(
+    game: MazeGame, last: tuple[Direction, StepResult] | None, observation: Observation = "text"
+) -> Messages:
+    """What the agent's next request holds after ``last`` (the move just made and its result; None at
+    the start): the opening observation, or that move and its observation (``keep_last_observation``)."""
+    if last is None:
+        return [{"role": "user", "content": start_content(game, observation)}]
+    direction, result = last
+    index = len(game.moves) - 1
+    return [_call(index, direction.value), _observation(index, step_content(game, result, observation))]
+
+
+def call_demonstration(maze: Maze, context: Messages, direction: Direction, index: int = 0) -> dict[str, Any]:
+    """The chat request the agent sends after ``context`` followed by the call that moves ``direction``:
+    ``{"messages": [...], "tools": [...]}`` in OpenAI chat format."""
+    # The client is never used: format_request only shapes the request body.
+    model = OpenAIModel(client_args={"api_key": "unused"}, model_id="demonstration")
+    tool_specs = [move_tool(MazeGame(maze)).tool_spec]
+    request = model.format_request([*context, _call(index, direction.value)], tool_specs, SYSTEM_PROMPT)
+    return {"messages": request["messages"], "tools": request["tools"]}
 
 
 def maze_demonstrations(

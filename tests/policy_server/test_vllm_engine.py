@@ -238,15 +238,20 @@ def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, Se
         with concurrent.futures.ThreadPoolExecutor(calls) as pool:
             return list(pool.map(lambda index: call(index, rollout, timeout), range(calls)))
 
-    full = sum(all_calls("full", 600.0))  # what the same (greedy) calls cost when played out
+    full = all_calls("full", 600.0)  # what the same (greedy) calls cost when played out
     before = _vllm_metric(engine, "vllm:generation_tokens_total")
-    assert all_calls("dropped", 0.5) == [0] * calls
+    dropped = all_calls("dropped", 0.5)
     deadline = time.monotonic() + 300  # long enough for the abandoned calls to run to their end
     while _vllm_metric(engine, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _vllm_metric(engine, "vllm:num_requests_running") == 0
-    spent = _vllm_metric(engine, "vllm:generation_tokens_total") - before
-    assert spent < full / 2, (spent, full)
+    # A call whose greedy answer ends early (EOS) can finish within its client's 0.5 s on an idle
+    # machine: it is answered whole. The rest (up to 1,500 tokens each) cannot, and are abandoned.
+    assert all(tokens in (0, whole) for tokens, whole in zip(dropped, full, strict=True)), (dropped, full)
+    abandoned = [whole for tokens, whole in zip(dropped, full, strict=True) if tokens == 0]
+    assert len(abandoned) >= calls // 2, (dropped, full)
+    spent = _vllm_metric(engine, "vllm:generation_tokens_total") - before - sum(dropped)
+    assert spent < sum(abandoned) / 2, (spent, abandoned)
     server.close_job(job)
 
 

@@ -152,7 +152,13 @@ def _run_config(tiny_model_dir: Path, tmp_path: Path, agent_url: str, restarts: 
         rows_per_step=1,
         num_generations=2,
         max_steps=3,
-        ray={"address": "local", "learner_workers": 2, "max_learner_restarts": restarts},
+        # One inference replica: each attempt starts its actors afresh, and the replicas are not under test.
+        ray={
+            "address": "local",
+            "inference_replicas": 1,
+            "learner_workers": 2,
+            "max_learner_restarts": restarts,
+        },
     )
     return load_config(path)
 

@@ -38,7 +38,7 @@ def test_warm_start_teaches_the_maze_call_and_the_maze_agent_plays_through_the_g
         smollm2_dir,
         demonstrations,
         tmp_path / "sft",
-        steps=8,
+        steps=4,  # the loss falls 0.73 -> 0.09 in three steps here; each costs SmolLM2 ~30 s on 2 cores
         learning_rate=2e-3,
         batch_size=2,
         lora_r=8,
@@ -50,7 +50,9 @@ def test_warm_start_teaches_the_maze_call_and_the_maze_agent_plays_through_the_g
     server = PolicyServer(HFEngine(smollm2_dir, chat_template="chatml-tools"))
     with ServerThread(server) as policy, serving(maze_app) as agent_url:
         policy.run(server.load_adapter(sft.adapter_dir))
-        server.open_job(JOB, max_tokens=48, max_calls_per_rollout=12)
+        # Two calls prove the multi-turn path; the third is refused (a 400 ends the episode as played),
+        # which keeps SmolLM2's CPU time to two prefill-and-decode rounds.
+        server.open_job(JOB, max_tokens=48, max_calls_per_rollout=2)
         rollout_id = uuid.uuid4().hex
         server.open_rollout(JOB, rollout_id)
         payload = {
@@ -61,8 +63,8 @@ def test_warm_start_teaches_the_maze_call_and_the_maze_agent_plays_through_the_g
         answer = httpx.post(f"{agent_url}/invocations", json=payload, timeout=300)
         trace = server.take_trace(JOB, rollout_id)
     assert answer.status_code == 200, answer.text
-    assert answer.json()["metrics"]["moves"] >= 2, answer.json()
-    assert len(trace.calls) >= 2
+    assert answer.json()["metrics"]["moves"] == 2, answer.json()
+    assert len(trace.calls) == 2
     assert all(call.finish_reason == "tool_calls" for call in trace.calls[:2])
     assert trace.calls[0].tools is not None and trace.calls[0].tools[0]["function"]["name"] == "move"
 
