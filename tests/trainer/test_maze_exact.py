@@ -64,8 +64,10 @@ def test_dynamic_programme_agrees_with_the_walkers_whatever_the_mass_on_well_for
         assert score.call_mass == pytest.approx(formed, abs=1e-12)
 
 
-def test_call_probabilities_are_the_teacher_forced_logprobs(tiny_model_dir: Path, random_adapter) -> None:
-    adapter = random_adapter(tiny_model_dir.parent / "exact-adapter", seed=3)
+def test_call_probabilities_are_the_teacher_forced_logprobs(
+    tiny_model_dir: Path, random_adapter, tmp_path: Path
+) -> None:
+    adapter = random_adapter(tmp_path / "adapter", seed=3)
     scorer = CallScorer(tiny_model_dir, adapter)
     maze = row_maze(eval_rows()[0])
     demos = next(iter(reachable_requests(maze).values()))
