@@ -66,13 +66,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 
+# Two pytest-xdist workers, a file each at a time, the longest files first (tests/conftest.py): most
+# long tests wait on a subprocess (vLLM, an agent, a Ray actor) for much of their time.
+PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
+
 test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(SMOLLM2_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
-		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q
+		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS)
 
 # The inner loop: everything but the minute-long end-to-end runs and the real-vLLM tests.
 test-fast: $(STAMP) $(AGENT_STAMP)
-	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python $(PY) -m pytest -q -m "not slow and not vllm"
+	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow and not vllm"
 
 bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py

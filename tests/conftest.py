@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: tiny models built offline, the vLLM interpreter."""
+"""Fixtures shared by the whole suite: tiny models built offline, the vLLM interpreter; file order."""
 
 from __future__ import annotations
 
@@ -9,6 +9,32 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# `make test` runs the suite on two pytest-xdist workers, a file at a time (`--dist loadfile`, so a
+# module's vLLM server starts once), handing files out in collection order (`--no-loadscope-reorder`).
+# The longest files go first, so the last minutes are not one long file running beside an idle
+# worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
+LONGEST_FIRST = (
+    "trainer/test_demo.py",  # 575: the main job's quick plan, its lift measured
+    "trainer/test_ray_demo.py",  # 331
+    "trainer/test_ray_learner.py",  # 163
+    "trainer/test_smollm2_training.py",  # 149
+    "trainer/test_ray_replicas.py",  # 91
+    "policy_server/test_vllm_engine.py",  # 85
+    "policy_server/test_vllm_attach.py",  # 70
+    "policy_server/test_smollm2.py",  # 66
+    "policy_server/test_vllm_vision.py",  # 60
+    "trainer/test_demo_vision.py",  # 57
+    "trainer/test_train_vllm.py",  # 52
+    "policy_server/test_vllm_reasoning.py",  # 48
+    "policy_server/test_engines_tool_calls.py",  # 45
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the longest files to the front, keeping every file's own order (the sort is stable)."""
+    rank = {REPO_ROOT / "tests" / name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,11 @@ from policy_server.trace import LogprobsMode
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
 # vLLM's metrics declare this family only when the server runs with --enable-lora.
 LORA_METRIC = "vllm:lora_requests_info"
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default). A client
+# that keeps it as long can send a call just as the server closes it: the call fails with "Server
+# disconnected" (seen in tests/policy_server/test_vllm_engine.py on a busy machine, where vLLM's event
+# loop runs its timer before reading the request). Letting idle connections go well before avoids it.
+CLIENT_KEEP_ALIVE_S = 2.0
 # sitecustomize.py for vLLM environments without torchvision (see that file).
 VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
 
@@ -241,13 +246,15 @@ class VLLMEngine:
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(self._request_timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
+            limits=httpx.Limits(
+                max_connections=512, max_keepalive_connections=512, keepalive_expiry=CLIENT_KEEP_ALIVE_S
+            ),
         )
         self._chat_session = aiohttp.ClientSession(
             base_url=self.base_url,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self._request_timeout_s, connect=10.0),
-            connector=aiohttp.TCPConnector(limit=512),
+            connector=aiohttp.TCPConnector(limit=512, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
         )
         await self._wait_healthy()
         if self._attached:
