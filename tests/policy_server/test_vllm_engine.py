@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -187,6 +188,40 @@ def test_adapter_versions_swap_under_fresh_names_and_old_ones_unload(
     served = {m["id"] for m in httpx.get(f"{engine.base_url}/v1/models").json()["data"]}
     assert engine.adapter_name(second) in served
     assert engine.adapter_name(first) not in served, "a retired version stayed loaded in vLLM"
+
+
+def test_two_engines_on_one_server_each_serve_their_own_version_one(
+    vllm_server: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+) -> None:
+    """Two runs attached to one vLLM (or a run resumed while its server stayed up) both load an
+    adapter version 1: each under its own name (vLLM refuses a name twice), each serving its weights."""
+    server, _ = vllm_server
+    assert isinstance(server.engine, VLLMEngine)
+    engines = [VLLMEngine(tiny_model_dir, base_url=server.engine.base_url) for _ in range(2)]
+    adapters = [random_adapter(tmp_path / f"run-{index}", seed=31 + index) for index in range(2)]
+    request = GenerationRequest(messages=[{"role": "user", "content": "maze"}], max_tokens=12, seed=9)
+
+    async def both_runs() -> list[list[int]]:
+        for engine in engines:
+            await engine.start()
+        try:
+            for engine, adapter in zip(engines, adapters, strict=True):
+                await engine.load_adapter(1, str(adapter))
+            at_one = dataclasses.replace(request, adapter_version=1)
+            results = [await engine.generate(at_one) for engine in engines]
+            for engine in engines:
+                await engine.unload_adapter(1)
+            return [result.completion_token_ids for result in results]
+        finally:
+            for engine in engines:
+                await engine.close()
+
+    first, second = asyncio.run(both_runs())
+    assert engines[0].adapter_name(1) != engines[1].adapter_name(1)
+    assert first != second, "both runs were served the same weights"
 
 
 def test_streaming_reemits_the_same_tokens(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
