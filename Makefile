@@ -66,8 +66,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
 
-# Two pytest-xdist workers, a file each at a time, the longest files first (tests/conftest.py): most
-# long tests wait on a subprocess (vLLM, an agent, a Ray actor) for much of their time.
+# Two pytest-xdist workers, each a whole file at a time (a module's vLLM server starts once), the
+# longest files first (tests/conftest.py). On 2 cores most long tests are CPU-bound, so two workers
+# take about 70% of one worker's time, not half (README).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(SMOLLM2_STAMP)

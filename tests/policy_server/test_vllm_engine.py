@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -202,7 +201,9 @@ def test_two_engines_on_one_server_each_serve_their_own_version_one(
     assert isinstance(server.engine, VLLMEngine)
     engines = [VLLMEngine(tiny_model_dir, base_url=server.engine.base_url) for _ in range(2)]
     adapters = [random_adapter(tmp_path / f"run-{index}", seed=31 + index) for index in range(2)]
-    request = GenerationRequest(messages=[{"role": "user", "content": "maze"}], max_tokens=12, seed=9)
+    at_one = GenerationRequest(
+        messages=[{"role": "user", "content": "maze"}], max_tokens=12, seed=9, adapter_version=1
+    )
 
     async def both_runs() -> list[list[int]]:
         for engine in engines:
@@ -210,7 +211,6 @@ def test_two_engines_on_one_server_each_serve_their_own_version_one(
         try:
             for engine, adapter in zip(engines, adapters, strict=True):
                 await engine.load_adapter(1, str(adapter))
-            at_one = dataclasses.replace(request, adapter_version=1)
             results = [await engine.generate(at_one) for engine in engines]
             for engine in engines:
                 await engine.unload_adapter(1)
