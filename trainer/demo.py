@@ -59,6 +59,9 @@ class DemoPlan:
     # The warm start imitates a walker that makes a random move with this chance (see
     # agents/maze/demonstrations.py): it learns the tool-call format and walks only roughly.
     sft_noise: float = 0.3
+    # Whose move each demonstration's call is: the noisy walker's own ("walker"), or the shortest
+    # path's from the state the walker reached ("shortest": clean labels on its noisy walk).
+    sft_labels: str = "walker"
     sft_learning_rate: float = 2e-3
     sft_batch_size: int = 16
     lora_r: int = 16
@@ -442,6 +445,7 @@ def run_demo(
             plan.sft_demos,
             noise=plan.sft_noise,
             seed=seed,
+            labels=plan.sft_labels,  # type: ignore[arg-type]
             observation=plan.observation,  # type: ignore[arg-type]
         ),
         run_dir / "sft-adapter",

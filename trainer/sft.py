@@ -268,6 +268,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --maze-demos: the walker's chance of a random move instead of a shortest-path one "
         "(default 0: perfect demonstrations)",
     )
+    parser.add_argument(
+        "--maze-labels",
+        choices=("walker", "shortest"),
+        default="walker",
+        help="with --maze-demos: each call is the walker's own move (default) or the shortest-path "
+        "move from the state the walker reached (clean labels on a noisy walk)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory to write the adapter into")
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     parser.add_argument("--lr", type=float, default=2e-3, help="learning rate (default 2e-3)")
@@ -299,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from agents.maze.demonstrations import maze_demonstrations
 
-            demonstrations = maze_demonstrations(args.maze_demos, noise=args.maze_noise, seed=args.seed)
+            demonstrations = maze_demonstrations(
+                args.maze_demos, noise=args.maze_noise, seed=args.seed, labels=args.maze_labels
+            )
         every = max(1, args.steps // 10)
 
         def report(step: int, loss: float) -> None:

@@ -10,15 +10,19 @@ with ``observation="image"`` each observation is the map's PNG (``observation.py
 The walker takes a shortest-path move from wherever it stands, except that with probability
 ``noise`` it moves in a random direction instead (a wall, a step away from the goal, or by chance
 the right move), until it reaches the goal or runs out of moves. ``noise=0`` is the perfect walker.
-A noisy walker is a deliberately imperfect teacher: imitating it learns the tool-call format
-exactly and the walking only roughly, which leaves reinforcement learning something to improve.
+Each demonstration's call is the walker's own move (``labels="walker"``): a deliberately imperfect
+teacher, which leaves reinforcement learning something to improve. With ``labels="shortest"`` the
+call is the shortest-path move from the state the noisy walker reached: the walk still shows states
+off the path and blocked moves, and the labels are clean. Clean labels teach the mapping from
+observation to move much faster on the tiny demo model: after 300 steps its moves' exact success
+was 80% on seed 1 against 15% with the walker's labels (README, "Not yet reached").
 """
 
 from __future__ import annotations
 
 import random
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from strands.models.openai import OpenAIModel
 from strands.types.content import Message, Messages
@@ -29,6 +33,9 @@ from agents.maze.env import Direction, Maze, MazeGame, StepResult
 from agents.maze.main import SYSTEM_PROMPT, move_tool
 from agents.maze.observation import Observation, observation_kind, start_content, step_content
 from agents.maze.solver import shortest_path
+
+Labels = Literal["walker", "shortest"]
+LABELS: tuple[str, ...] = ("walker", "shortest")
 
 
 @cache
@@ -49,30 +56,39 @@ def _observation(index: int, content: list[ToolResultContent]) -> Message:
 
 
 def episode_demonstrations(
-    maze: Maze, noise: float = 0.0, rng: random.Random | None = None, observation: Observation = "text"
+    maze: Maze,
+    noise: float = 0.0,
+    rng: random.Random | None = None,
+    observation: Observation = "text",
+    labels: Labels = "walker",
 ) -> list[dict[str, Any]]:
     """``{"messages": [...], "tools": [...]}`` in OpenAI chat format, one per move of the walker.
 
     ``noise`` is the chance of a random move instead of a shortest-path one (drawn from ``rng``);
-    ``observation`` what the policy sees (``text`` or ``image``).
+    ``observation`` what the policy sees (``text`` or ``image``); ``labels`` whose move each call
+    is: the walker's (``walker``) or the shortest path's from the same state (``shortest``).
     """
     observation = observation_kind(observation)
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise must be between 0 and 1, got {noise}")
     if noise > 0.0 and rng is None:
         raise ValueError("a noisy walker needs rng (a random.Random) for its random moves")
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
     if shortest_path(maze) is None:
         raise ValueError("the maze has no path from start to goal")
     game = MazeGame(maze)
     demonstrations = []
     last: tuple[Direction, StepResult] | None = None
     while not game.done:
+        best = (shortest_path(maze, game.position) or [])[0]
         if noise > 0.0 and rng is not None and rng.random() < noise:
             direction = rng.choice(list(Direction))
         else:
-            direction = (shortest_path(maze, game.position) or [])[0]
+            direction = best
         context = context_after(game, last, observation)
-        demonstrations.append(call_demonstration(maze, context, direction, len(game.moves)))
+        label = best if labels == "shortest" else direction
+        demonstrations.append(call_demonstration(maze, context, label, len(game.moves)))
         last = direction, game.step(direction)
     return demonstrations
 
@@ -99,16 +115,22 @@ def call_demonstration(maze: Maze, context: Messages, direction: Direction, inde
 
 
 def maze_demonstrations(
-    count: int, first_seed: int = 0, *, noise: float = 0.0, seed: int = 0, observation: Observation = "text"
+    count: int,
+    first_seed: int = 0,
+    *,
+    noise: float = 0.0,
+    seed: int = 0,
+    observation: Observation = "text",
+    labels: Labels = "walker",
 ) -> list[dict[str, Any]]:
     """Demonstrations of every move on ``count`` training mazes (never the evaluation mazes).
 
     ``noise``: the walker's chance of a random move (see the module docstring); ``seed`` seeds them;
-    ``observation``: ``text`` or ``image``.
+    ``observation``: ``text`` or ``image``; ``labels``: the walker's moves or the shortest path's.
     """
     rng = random.Random(f"maze-walker-{seed}")
     return [
         demo
         for row in train_rows(count, first_seed)
-        for demo in episode_demonstrations(row_maze(row), noise, rng, observation)
+        for demo in episode_demonstrations(row_maze(row), noise, rng, observation, labels)
     ]

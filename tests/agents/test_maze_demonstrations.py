@@ -56,6 +56,22 @@ def test_a_noisy_walker_strays_yet_every_call_is_a_real_one() -> None:
     assert strayed >= 10, "at noise 0.5 most walks should take more moves than the shortest path"
 
 
+def test_shortest_labels_walk_the_same_noisy_walk_and_call_the_shortest_path_move() -> None:
+    for row in train_rows(20):
+        maze = row_maze(row)
+        walker = episode_demonstrations(maze, noise=0.5, rng=random.Random(row["seed"]))
+        clean = episode_demonstrations(maze, noise=0.5, rng=random.Random(row["seed"]), labels="shortest")
+        # The same states in the same order (the context of every call is the walker's)...
+        assert [demo["messages"][:-1] for demo in clean] == [demo["messages"][:-1] for demo in walker]
+        # ...and every call is the first move of a shortest path from where the walker stood.
+        game = MazeGame(maze)
+        for move, label in zip(_moves(walker), _moves(clean), strict=True):
+            assert label == (shortest_path(maze, game.position) or [])[0].value
+            game.step(move)
+    with pytest.raises(ValueError, match="labels must be one of walker, shortest"):
+        episode_demonstrations(row_maze(train_rows(1)[0]), labels="teacher")  # type: ignore[arg-type]
+
+
 def test_noisy_demonstrations_are_seeded() -> None:
     assert maze_demonstrations(5, noise=0.3, seed=1) == maze_demonstrations(5, noise=0.3, seed=1)
     assert maze_demonstrations(5, noise=0.3, seed=1) != maze_demonstrations(5, noise=0.3, seed=2)
