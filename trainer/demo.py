@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from trainer.config import TrainConfig
-from trainer.sft import PROJECTION_MODULES
+from trainer.sft import PROJECTION_MODULES, SftResult, StopAtLoss, run_sft
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class DemoPlan:
     # Whose move each demonstration's call is: the noisy walker's own ("walker"), or the shortest
     # path's from the state the walker reached ("shortest": clean labels on its noisy walk).
     sft_labels: str = "walker"
+    # Stop the warm start at the first check (every 5 steps) where its loss on demonstrations of
+    # SFT_HELD_OUT_MAZES other mazes is at most this; sft_steps is then the most it may take.
+    sft_target_loss: float | None = None
     sft_learning_rate: float = 2e-3
     sft_batch_size: int = 16
     lora_r: int = 16
@@ -139,6 +142,9 @@ TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
 # into the language model: random too, so adapted as well.
 VISION_TOWER_MODULES = ["qkv", "attn.proj", "fc1", "fc2", "mlp.0", "mlp.2"]
 PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
+# The warm start's stopping check walks these many mazes, from a seed no training maze reaches.
+SFT_HELD_OUT_MAZES = 20
+SFT_HELD_OUT_FIRST_SEED = 500_000
 AGENT_PORT_FOR_RERUN = 8080
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
@@ -395,6 +401,62 @@ def plan_name(plan: DemoPlan) -> str:
     return next((name for name, known in named if known == plan), "custom")
 
 
+def warm_start(
+    plan: DemoPlan,
+    model_dir: Path,
+    target_modules: list[str],
+    out_dir: Path,
+    seed: int,
+    chat_template: str | None = None,
+) -> SftResult:
+    """Stage 2: ``rft sft`` on the walker's demonstrations, stopped at the plan's target if it has one."""
+    from agents.maze.demonstrations import maze_demonstrations
+
+    labels = "shortest-path" if plan.sft_labels == "shortest" else "the noisy walker's"
+    banner(f"2/5 supervised warm start: up to {plan.sft_steps} steps on {labels} moves")
+    every = max(1, plan.sft_steps // 10)
+
+    def demonstrations(count: int, first_seed: int = 0) -> list[dict[str, Any]]:
+        return maze_demonstrations(
+            count,
+            first_seed,
+            noise=plan.sft_noise,
+            seed=seed,
+            labels=plan.sft_labels,  # type: ignore[arg-type]
+            observation=plan.observation,  # type: ignore[arg-type]
+        )
+
+    def report(step: int, loss: float) -> None:
+        if step % every == 0 or step == plan.sft_steps:
+            print(f"sft step {step}/{plan.sft_steps}  loss {loss:.4f}", flush=True)
+
+    stop = None
+    if plan.sft_target_loss is not None:
+        held_out = demonstrations(SFT_HELD_OUT_MAZES, SFT_HELD_OUT_FIRST_SEED)
+        stop = StopAtLoss(held_out, plan.sft_target_loss)
+    sft = run_sft(
+        model_dir,
+        demonstrations(plan.sft_demos),
+        out_dir,
+        steps=plan.sft_steps,
+        learning_rate=plan.sft_learning_rate,
+        batch_size=plan.sft_batch_size,
+        lora_r=plan.lora_r,
+        lora_alpha=plan.lora_alpha,
+        target_modules=target_modules,
+        seed=seed,
+        on_step=report,
+        chat_template=chat_template,
+        stop=stop,
+    )
+    if sft.held_out_losses:
+        step, loss = max(sft.held_out_losses.items())
+        reached = "reached" if loss <= (plan.sft_target_loss or 0.0) else "not reached"
+        print(f"held-out loss {loss:.4f} at step {step} (target {plan.sft_target_loss}: {reached})")
+    print(f"warm-start adapter written to {sft.adapter_dir} ({sft.seconds:.0f} s)")
+    return sft
+
+
 def run_demo(
     run_dir: Path,
     *,
@@ -414,11 +476,9 @@ def run_demo(
     """
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
-    from agents.maze.demonstrations import maze_demonstrations
     from policy_server.chat_templates import load_tokenizer
     from trainer.demo_gallery import EpisodeGallery
     from trainer.loop import train
-    from trainer.sft import run_sft
 
     plan = plan or (QUICK if quick else FULL)
     started = time.monotonic()
@@ -432,34 +492,7 @@ def run_demo(
     else:
         model_dir, target_modules = model, PRETRAINED_TARGET_MODULES
 
-    banner(f"2/5 supervised warm start: {plan.sft_steps} steps on shortest-path demonstrations")
-    every = max(1, plan.sft_steps // 10)
-
-    def report(step: int, loss: float) -> None:
-        if step % every == 0 or step == plan.sft_steps:
-            print(f"sft step {step}/{plan.sft_steps}  loss {loss:.4f}", flush=True)
-
-    sft = run_sft(
-        model_dir,
-        maze_demonstrations(
-            plan.sft_demos,
-            noise=plan.sft_noise,
-            seed=seed,
-            labels=plan.sft_labels,  # type: ignore[arg-type]
-            observation=plan.observation,  # type: ignore[arg-type]
-        ),
-        run_dir / "sft-adapter",
-        steps=plan.sft_steps,
-        learning_rate=plan.sft_learning_rate,
-        batch_size=plan.sft_batch_size,
-        lora_r=plan.lora_r,
-        lora_alpha=plan.lora_alpha,
-        target_modules=target_modules,
-        seed=seed,
-        on_step=report,
-        chat_template=chat_template,
-    )
-    print(f"warm-start adapter written to {sft.adapter_dir} ({sft.seconds:.0f} s)")
+    sft = warm_start(plan, model_dir, target_modules, run_dir / "sft-adapter", seed, chat_template)
 
     banner("3/5 maze agent on uvicorn, policy server and trainer over loopback HTTP")
     with serve_agent() as agent_url:
@@ -508,6 +541,7 @@ def run_demo(
         "improvement_points": 100 * (after["success_rate"] - before["success_rate"]),
         "baselines": walkers,
         "sft_losses": sft.losses,
+        "sft_held_out_losses": sft.held_out_losses,
         "seconds": time.monotonic() - started,
         "plan": plan.__dict__,
         "engine": engine,

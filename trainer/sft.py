@@ -50,6 +50,20 @@ class SftResult:
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
     assistant_tokens: int = 0
+    # With a StopAtLoss: the held-out loss at every check, by step.
+    held_out_losses: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StopAtLoss:
+    """End a warm start early: every ``every`` steps, the adapter's mean assistant-token loss on
+    ``demonstrations`` (held out: not the ones it trains on) is measured, and the run ends at the
+    first check where it is at most ``target``. A start's strength then depends on where it stands,
+    not on how fast its seed happened to learn (the maze demo: README, "Not yet reached")."""
+
+    demonstrations: Sequence[dict[str, Any]]
+    target: float
+    every: int = 5
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,20 @@ def pad_token_id(config: Any) -> int:
     return int(pad if pad is not None else 0)
 
 
+def held_out_loss(model: Any, trainee: Trainee, batch_size: int = 16) -> float:
+    """Mean assistant-token loss of ``model`` on ``trainee``'s demonstrations, without gradients."""
+    total, tokens = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(trainee.encoded), batch_size):
+            batch = trainee.batch(trainee.encoded[start : start + batch_size])
+            count = int((batch["labels"][:, 1:] != IGNORE).sum())
+            total += float(trainee.loss(model, batch)) * count
+            tokens += count
+    model.train()
+    return total / max(tokens, 1)
+
+
 def _trainee(
     model_dir: str | Path, demonstrations: Sequence[dict[str, Any]], chat_template: str | Path | None
 ) -> Trainee:
@@ -202,12 +230,14 @@ def run_sft(
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
     chat_template: str | Path | None = None,
+    stop: StopAtLoss | None = None,
 ) -> SftResult:
     """Train a fresh LoRA adapter on ``demonstrations`` for ``steps`` AdamW steps; save it to ``out_dir``.
 
     Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
     every step (progress display). ``chat_template`` replaces the model's own template (a shipped
     name or a file, see ``policy_server.chat_templates``): use the one the policy server will use.
+    ``stop`` ends the run before ``steps`` once a held-out loss reaches its target.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -215,6 +245,7 @@ def run_sft(
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
     trainee = _trainee(model_dir, demonstrations, chat_template)
+    held_out = None if stop is None else _trainee(model_dir, stop.demonstrations, chat_template)
     encoded = trainee.encoded
     torch.manual_seed(seed)
     base = trainee.load_model()
@@ -242,6 +273,10 @@ def run_sft(
         result.losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, result.losses[-1])
+        if stop is not None and held_out is not None and step % stop.every == 0:
+            result.held_out_losses[step] = held_out_loss(model, held_out)
+            if result.held_out_losses[step] <= stop.target:
+                break
     result.adapter_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(result.adapter_dir), save_embedding_layers=False)  # LoRA weights only
     result.seconds = time.monotonic() - started

@@ -10,7 +10,14 @@ from transformers import AutoTokenizer
 
 from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
 from agents.maze.env import generate
-from trainer.sft import DemonstrationError, encode_demonstration, load_demonstrations, main, run_sft
+from trainer.sft import (
+    DemonstrationError,
+    StopAtLoss,
+    encode_demonstration,
+    load_demonstrations,
+    main,
+    run_sft,
+)
 
 TARGETS = ["embed_tokens", "q_proj", "v_proj", "lm_head"]
 
@@ -77,6 +84,34 @@ def test_sft_lowers_the_loss_and_saves_a_peft_adapter(tiny_model_dir: Path, tmp_
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), result.adapter_dir
     )
     assert any("lora_B" in name for name, _ in model.named_parameters())
+
+
+def test_a_warm_start_stops_at_the_first_check_that_reaches_its_held_out_target(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    held_out = maze_demonstrations(2, first_seed=500_000)
+
+    def warm_start(name: str, target: float) -> list[float]:
+        result = run_sft(
+            tiny_model_dir,
+            maze_demonstrations(8),
+            tmp_path / name,
+            steps=12,
+            batch_size=2,
+            target_modules=TARGETS,
+            seed=0,
+            stop=StopAtLoss(held_out, target, every=3),
+        )
+        assert (result.adapter_dir / "adapter_config.json").is_file()
+        assert list(result.held_out_losses) == list(range(3, len(result.losses) + 1, 3))
+        return [*result.held_out_losses.values()]
+
+    # Out of reach: every check runs, and the held-out loss falls as the warm start learns.
+    checks = warm_start("all", target=0.0)
+    assert len(checks) == 4 and checks[-1] < checks[0]
+    # A target between the second and third checks ends the run at the third, on the same numbers
+    # (the checks draw nothing from the run's random streams).
+    assert warm_start("stopped", target=(checks[1] + checks[2]) / 2) == checks[:3]
 
 
 def test_cli_trains_from_a_jsonl_file(
