@@ -8,7 +8,7 @@ rate an evaluation with infinitely many rollouts per maze would measure.
 - ``random``: each move uniformly one of the four directions (walls included);
 - ``greedy``: a direction the observation calls ``Closer`` when there is one (uniformly among them),
   else any open direction;
-- ``noisy``: the walker the demo's warm start imitates: with chance ``noise`` a uniformly random
+- ``noisy``: the walker whose walk the demo's warm start learns from: with chance ``noise`` a uniformly random
   direction, else a shortest-path move;
 - ``oracle``: the shortest path (every maze is solvable within its limit, so 1.0);
 - ``observation``: the best deterministic policy that maps what the observation shows (goal offset,
