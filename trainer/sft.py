@@ -59,7 +59,7 @@ class StopAtLoss:
     """End a warm start early: every ``every`` steps, the adapter's mean assistant-token loss on
     ``demonstrations`` (held out: not the ones it trains on) is measured, and the run ends at the
     first check where it is at most ``target``. A start's strength then depends on where it stands,
-    not on how fast its seed happened to learn (the maze demo: README, "Not yet reached")."""
+    not on how fast its seed happened to learn (the maze demo: README, "How the plan got here")."""
 
     demonstrations: Sequence[dict[str, Any]]
     target: float
