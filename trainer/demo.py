@@ -429,7 +429,8 @@ def warm_start(
     from agents.maze.demonstrations import maze_demonstrations
 
     labels = "shortest-path" if plan.sft_labels == "shortest" else "the noisy walker's"
-    banner(f"2/5 supervised warm start: up to {plan.sft_steps} steps on {labels} moves")
+    steps = f"up to {plan.sft_steps}" if plan.sft_target_loss is not None else str(plan.sft_steps)
+    banner(f"2/5 supervised warm start: {steps} steps on {labels} moves")
     every = max(1, plan.sft_steps // 10)
 
     def demonstrations(count: int, first_seed: int = 0) -> list[dict[str, Any]]:
