@@ -10,6 +10,12 @@ only if its logits are the same to the last bit in any batch. Two things break t
   With 12 or more rows every row goes through the full-tile kernel on 2 threads (4 or more on one);
   :func:`pad_rows` pads the rows of every linear layer (and LoRA embedding) to
   :func:`min_gemm_rows` and drops the padding from the result;
+- matrix products of strided rows: the logits of a prefill are taken from each row's last position,
+  a view whose rows lie a whole prompt apart, and torch multiplies such a view by another route than
+  the same rows stored contiguously (the last bits differ in every row). A prefill of fewer rows was
+  padded (a contiguous copy), one of 16 or more was not, so a row's first logprob depended on how
+  many prompts arrived with it (``tests/policy_server/test_batch_invariance.py``). :func:`pad_rows`
+  hands every layer contiguous rows;
 - attention over a left-padded cache: the softmax sum and the weighted sum of values run over the
   padded length, so padding changes how the terms are grouped. :func:`rowwise_attention` attends
   each row over its own keys only (no padding), the same call whether the row is alone or not.
@@ -44,8 +50,8 @@ def pad_rows(model: torch.nn.Module, min_rows: int) -> None:
 
     A forward hook pair flattens the input to rows, appends zero rows (token id 0 for embeddings,
     whose LoRA adds a product with a weight matrix) and drops them from the output. It acts only
-    inside :func:`row_lengths` and only on calls with fewer rows; modules added later (a new
-    adapter's) need another call, which skips the modules already hooked.
+    inside :func:`row_lengths`, pads only calls with fewer rows and makes the others' input contiguous;
+    modules added later (a new adapter's) need another call, which skips the modules already hooked.
     """
     for module in model.modules():
         if getattr(module, "_rftkit_pads_rows", False):
@@ -71,7 +77,7 @@ def _padding_hook(min_rows: int) -> Any:
         width = 1 if embedding else x.shape[-1]
         rows = x.numel() // max(width, 1)
         if rows >= min_rows or rows == 0:
-            return None
+            return None if x.is_contiguous() else (x.contiguous(), *args[1:])
         module._rftkit_shape = x.shape
         flat = x.reshape(rows) if embedding else x.reshape(rows, width)
         padding = (0, min_rows - rows) if embedding else (0, 0, 0, min_rows - rows)

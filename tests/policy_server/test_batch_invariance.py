@@ -81,6 +81,37 @@ def test_a_row_is_the_same_alone_and_in_any_batch(tiny_model_dir: Path, demo_lik
         assert result.completion_logprobs == alone.completion_logprobs  # bitwise, not approximately
 
 
+def test_a_prefill_of_many_prompts_gives_each_its_logits_alone(
+    tiny_model_dir: Path, demo_like_adapter: Path
+) -> None:
+    """17 prompts prefilled at once (more rows than are padded): each row's next-token logits, taken
+    from its last position as the engine takes them, equal that prompt's logits alone, bit for bit."""
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=batch_invariant.register())
+    model = PeftModel.from_pretrained(base, demo_like_adapter).eval()
+    batch_invariant.pad_rows(model, batch_invariant.min_gemm_rows())
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(10, 200, (20 + 7 * i,), generator=generator) for i in range(17)]
+
+    def last_logits(rows: list[torch.Tensor]) -> torch.Tensor:
+        width = max(len(row) for row in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for index, row in enumerate(rows):  # left padding, as the engine batches
+            ids[index, width - len(row) :] = row
+            mask[index, width - len(row) :] = 1
+        lengths = [len(row) for row in rows]
+        with torch.inference_mode(), batch_invariant.row_lengths(lengths, lengths):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    together = last_logits(prompts)
+    for index, prompt in enumerate(prompts):
+        assert torch.equal(together[index], last_logits([prompt])[0]), f"prompt {index}"
+
+
 def test_rowwise_attention_computes_what_sdpa_computes(tiny_model_dir: Path) -> None:
     name = batch_invariant.register()
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
