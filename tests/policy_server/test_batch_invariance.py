@@ -88,7 +88,8 @@ def test_a_prefill_of_many_prompts_gives_each_its_logits_alone(
     from its last position as the engine takes them, equal that prompt's logits alone, bit for bit."""
     from peft import PeftModel
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=batch_invariant.register())
+    attention = batch_invariant.register()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention)
     model = PeftModel.from_pretrained(base, demo_like_adapter).eval()
     batch_invariant.pad_rows(model, batch_invariant.min_gemm_rows())
     generator = torch.Generator().manual_seed(1)
