@@ -32,9 +32,10 @@ def _without_timing(value: Any) -> Any:
 
 def _run(directory: Path, model_dir: Path) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
     with serving(app) as agent_url:
-        # 3 rows x 4 rollouts at once per step, two turns each: calls join and leave shared batches.
+        # 5 rows x 4 rollouts at once per step, two turns each: calls join and leave shared batches,
+        # and a prefill can take more prompts than the 16 padded rows (test_batch_invariance.py).
         config = load_config(
-            write_run_files(directory, model_dir, agent_url, rows_per_step=3, eval_temperature=1.0)
+            write_run_files(directory, model_dir, agent_url, rows_per_step=5, eval_temperature=1.0)
         )
         summary = train(config)
     lines = (config.output_dir / "metrics.jsonl").read_text().splitlines()
