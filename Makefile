@@ -16,12 +16,12 @@ SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
 
 .PHONY: demo test test-fast lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch==2.13.0 first: on machines that carry the CPU wheel locally, pip takes it from there.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[train,dev]'
 	touch $@
 
 # vLLM pins its own torch and transformers, so it lives in its own environment; rftkit starts it
@@ -36,10 +36,10 @@ $(VLLM_STAMP):
 
 # What an agent container installs: the base package only, no torch. The suite runs the Wordle
 # agent and `rft smoke` from it (tests/agents/test_agent_install.py).
-$(AGENT_STAMP): pyproject.toml
+$(AGENT_STAMP): pyproject.toml constraints.txt
 	rm -rf $(AGENT_VENV)
 	$(PYTHON) -m venv $(AGENT_VENV)
-	$(AGENT_VENV)/bin/python -m pip install -q .
+	$(AGENT_VENV)/bin/python -m pip install -q -c constraints.txt .
 	touch $@
 
 # AWS's own agent SDK for SageMaker's Multi-Turn RL, without rftkit: the suite trains an agent written
