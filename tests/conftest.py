@@ -31,6 +31,14 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test's first tensor operation: the CPU kernels `rft demo` uses, so a test's numbers
+    are the same on any x86 machine with AVX2 (trainer/cpu_kernels.py)."""
+    from trainer.cpu_kernels import pin_cpu_kernels
+
+    pin_cpu_kernels()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Move the longest files to the front, keeping every file's own order (the sort is stable)."""
     rank = {REPO_ROOT / "tests" / name: index for index, name in enumerate(LONGEST_FIRST)}

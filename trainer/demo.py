@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from trainer.config import TrainConfig
+from trainer.cpu_kernels import pin_cpu_kernels
 from trainer.sft import PROJECTION_MODULES, SftResult, StopAtLoss, run_sft
 
 
@@ -610,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         "it, so fix it to repeat a run on another machine",
     )
     args = parser.parse_args(argv)
+    pin_cpu_kernels()
     if args.threads:
         import torch
 
