@@ -110,7 +110,7 @@ FULL = DemoPlan(
 )
 # Walker labels and half the old full plan's 300 fixed warm-start steps: the loss is at its plateau
 # by then (~0.06 per assistant token), and the weaker start leaves GRPO more to do (seed 0: 15.6% ->
-# 35.9%, against 26.6% -> 39.1% after 300 steps).
+# 37.5%, against 26.6% -> 39.1% after 300 steps).
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=150, grpo_steps=16, rows_per_step=4, eval_rows=32)
 # SmolLM2-135M on 2 CPU cores: a forward and backward pass costs ~25 ms per token, ~500x the tiny
 # model's, so on a CPU this is a smoke-sized run (minutes, not a learning curve): it proves the path
