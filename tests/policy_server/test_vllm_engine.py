@@ -252,9 +252,11 @@ def _vllm_metric(engine: VLLMEngine, name: str) -> float:
 def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
     """A client that leaves cancels its forwarded request, so vLLM stops generating for it.
 
-    The clients leave once every call has reached vLLM (its own counters say so), not after a fixed
-    time: on 2 cores a busy vLLM can starve this process for seconds, and a client timer that fires
-    late used to leave after the calls had already run to their end.
+    The clients leave as soon as every call has reached vLLM (its own counters say so), and vLLM's
+    token counter says what it generated after they left. The test used to play the calls out first
+    and expect every call longer than half its budget to be abandoned the second time; but vLLM
+    does not batch invariantly, so the same greedy calls can end at other lengths in another round,
+    and one that ends early cannot be abandoned (a clean clone's run failed that way).
     """
     server, thread = vllm_server
     engine = server.engine
@@ -262,55 +264,53 @@ def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, Se
     job, calls, max_tokens = f"{JOB}-drop", 8, 1500
     server.open_job(job, max_tokens=max_tokens, auto_open_rollouts=True)
 
-    async def call(client: httpx.AsyncClient, index: int, rollout: str) -> int:
+    async def call(client: httpx.AsyncClient, index: int) -> int:
         """Tokens the call was answered with."""
         messages = [{"role": "user", "content": f"tell a long story number {index}"}]
         answer = await client.post(
             f"{thread.url}/v1/chat/completions",
             json={"model": "policy", "max_tokens": max_tokens, "temperature": 0.0, "messages": messages},
-            headers={JOB_ARN_HEADER: job, TRAJECTORY_ID_HEADER: f"{rollout}{index}"},
+            headers={JOB_ARN_HEADER: job, TRAJECTORY_ID_HEADER: f"dropped{index}"},
         )
         return len(answer.json()["choices"][0]["token_ids"])
 
-    async def all_calls(rollout: str, leave_when_short_ones_end: int | None) -> list[int]:
-        """Each call's tokens; with ``leave_when_short_ones_end``, 0 for the calls abandoned."""
+    async def leave_early() -> tuple[list[int], float]:
+        """Each call's tokens (0 for the calls abandoned), and vLLM's generated tokens as they left."""
         async with httpx.AsyncClient(timeout=600) as client:
-            finished_before = await asyncio.to_thread(_vllm_metric, engine, "vllm:request_success_total")
-            tasks = [asyncio.ensure_future(call(client, index, rollout)) for index in range(calls)]
-            if leave_when_short_ones_end is not None:
-                await _until_all_reached_vllm(engine, calls, finished_before, leave_when_short_ones_end)
-                for task in tasks:
-                    task.cancel()  # httpx closes the connection of a call still in flight
+            ended_before = await asyncio.to_thread(_vllm_metric, engine, "vllm:request_success_total")
+            tasks = [asyncio.ensure_future(call(client, index)) for index in range(calls)]
+            await _until_all_reached_vllm(engine, calls, ended_before)
+            generated = await asyncio.to_thread(_vllm_metric, engine, "vllm:generation_tokens_total")
+            for task in tasks:
+                task.cancel()  # httpx closes the connection of a call still in flight
             await asyncio.wait(tasks)
-        return [0 if task.cancelled() else task.result() for task in tasks]
+        return [0 if task.cancelled() else task.result() for task in tasks], generated
 
-    full = asyncio.run(all_calls("full", None))  # what the same (greedy) calls cost when played out
-    # A random model's greedy answer meets EOS early, late or never: the short ones end, the rest are left.
-    short = sum(tokens < max_tokens // 2 for tokens in full)
-    before = _vllm_metric(engine, "vllm:generation_tokens_total")
-    dropped = asyncio.run(all_calls("dropped", short))
-    deadline = time.monotonic() + 300  # long enough for the abandoned calls to run to their end
+    answered, generated_at_leave = asyncio.run(leave_early())
+    deadline = time.monotonic() + 300  # long enough for calls that were not aborted to run to their end
     while _vllm_metric(engine, "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _vllm_metric(engine, "vllm:num_requests_running") == 0
-    assert all(tokens in (0, whole) for tokens, whole in zip(dropped, full, strict=True)), (dropped, full)
-    abandoned = [whole for tokens, whole in zip(dropped, full, strict=True) if tokens == 0]
-    assert len(abandoned) >= calls - short, (dropped, full)
-    spent = _vllm_metric(engine, "vllm:generation_tokens_total") - before - sum(dropped)
-    assert spent < sum(abandoned) / 2, (spent, abandoned)
+    abandoned = answered.count(0)
+    assert abandoned >= calls // 2, answered  # left as soon as all calls ran: most were in flight
+    # A random model's greedy calls mostly run to max_tokens (6 or 7 of these 8 in two rounds), and
+    # they had generated 100-600 tokens each when the clients left: played out, they would go on for
+    # most of their budget; aborted, vLLM stops within a few steps (37 tokens for all in one run).
+    after = _vllm_metric(engine, "vllm:generation_tokens_total") - generated_at_leave
+    assert after < abandoned * max_tokens / 4, (after, answered)
     server.close_job(job)
 
 
-async def _until_all_reached_vllm(engine: VLLMEngine, calls: int, finished_before: float, short: int) -> None:
-    """Wait until vLLM has finished the ``short`` calls and runs the others."""
+async def _until_all_reached_vllm(engine: VLLMEngine, calls: int, ended_before: float) -> None:
+    """Wait until vLLM runs or has ended each of the ``calls``."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        done = await asyncio.to_thread(_vllm_metric, engine, "vllm:request_success_total") - finished_before
+        ended = await asyncio.to_thread(_vllm_metric, engine, "vllm:request_success_total") - ended_before
         running = await asyncio.to_thread(_vllm_metric, engine, "vllm:num_requests_running")
-        if done >= short and done + running >= calls:
+        if ended + running >= calls:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"vLLM never had all {calls} calls running or done within 120 s")
+    raise AssertionError(f"vLLM never had all {calls} calls running or ended within 120 s")
 
 
 def test_attaching_adopts_the_served_name_and_the_batch_shows_in_metrics(
