@@ -2,7 +2,7 @@
 
 The hf engine batches whatever requests are waiting, and which requests those are depends on the
 agents' timing. Sampling is seeded per request, so a request samples the same tokens in any batch
-only if its logits are the same to the last bit in any batch. Two things break that on a CPU
+only if its logits are the same to the last bit in any batch. Three things break that on a CPU
 (measured with MKL, float32, ``tests/policy_server/test_batch_invariance.py``):
 
 - matrix products with few rows: BLAS computes full tiles of rows with one kernel and a short
