@@ -8,10 +8,21 @@ Rounds alternate direct / 1 worker / N workers so machine noise hits all alike; 
 medians over rounds, each gateway's throughput as a ratio of direct's, and the CPU each side's
 processes spent per call (the gateway's: its process and its workers; direct's: vLLM's).
 
-    nice -n 10 .venv/bin/python bench/gateway_overhead.py [--rounds 3] [--workers 2]
+Placement (``--placement``): ``split`` (the default) pins the gateways to the second half of this
+machine's cores and vLLM's processes and this process (the clients) to the first half, as a
+deployment has it: the gateway on host cores of its own, the replica's compute elsewhere (a GPU),
+the agents elsewhere. The clients' cost is the same on both sides, so sharing vLLM's cores with them
+slows direct and gateway calls alike. ``shared`` lets every process take any core. On a machine as
+small as 2 cores, ``shared`` measures CPU contention more than the gateway: vLLM's CPU build
+spin-waits (its worker and engine core poll a shared-memory queue with ``sched_yield`` for a second
+after each message), and the spinning takes the core the gateway's event loop needs, so a loaded
+gateway stalls for up to a second at a time (measured: its event loop lagged 0.4-1.5 s, while
+vLLM's worker and engine core took 20 of the 26 core-seconds of a 13 s round).
 
-Writes bench/results/gateway_overhead.json and prints a table. Targets: gateway p50 overhead <= 2 ms
-(issue 3); gateway throughput >= 0.95x direct at 64 clients (issue 12).
+    nice -n 10 .venv/bin/python bench/gateway_overhead.py [--rounds 5] [--workers 2] [--placement split]
+
+Writes bench/results/gateway_overhead.json (``--out``) and prints a table. Targets: gateway p50
+overhead <= 2 ms (issue 3); gateway throughput >= 0.95x direct at 64 clients (issue 12).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -153,13 +165,25 @@ def gateway_command(model_dir: Path, vllm_port: int, port: int, workers: int) ->
     ]
 
 
+def core_sets(placement: str) -> tuple[set[int], set[int]]:
+    """The cores for vLLM's processes and the clients, and the cores for the gateways."""
+    cores = sorted(os.sched_getaffinity(0))
+    if placement == "shared" or len(cores) < 2:
+        return set(cores), set(cores)
+    half = len(cores) // 2
+    return set(cores[:half]), set(cores[half:])
+
+
 async def run(args: argparse.Namespace) -> dict:
+    vllm_cores, gateway_cores = core_sets(args.placement)
     work = Path(tempfile.mkdtemp(prefix="rftkit-bench-"))
     model_dir = build_tiny_model(work / "model", seed=0)
     vllm_port = _free_port()
     vllm_python = os.environ.get("RFTKIT_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
     engine = VLLMEngine(model_dir, python=vllm_python, port=vllm_port)
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_CPU_KVCACHE_SPACE="1")
+    # Children inherit this process's cores: vLLM and we (the clients) get one set, the gateways the other.
+    os.sched_setaffinity(0, vllm_cores)
     vllm = subprocess.Popen(
         engine.command(vllm_port),
         stdout=open(work / "vllm.log", "wb"),
@@ -170,6 +194,7 @@ async def run(args: argparse.Namespace) -> dict:
     processes, sides = [vllm], {"direct": (vllm.pid, f"http://127.0.0.1:{vllm_port}", True)}
     try:
         await wait_healthy(sides["direct"][1])
+        os.sched_setaffinity(0, gateway_cores)
         for workers in (1, args.workers):
             port = _free_port()
             gateway = subprocess.Popen(
@@ -180,11 +205,23 @@ async def run(args: argparse.Namespace) -> dict:
             )
             processes.append(gateway)
             sides[f"gateway_{workers}w"] = (gateway.pid, f"http://127.0.0.1:{port}", False)
+        os.sched_setaffinity(0, vllm_cores)
         for _, url, direct in sides.values():
             await wait_serving(url, direct=direct)
             await drive(url, direct=direct, clients=4, per_client=5)  # warm-up every path
         rows = [await measure_clients(sides, clients, args) for clients in args.clients]
-        settings = {"rounds": args.rounds, "max_tokens": BODY["max_tokens"], "workers": args.workers}
+        # What the processes ended up on: vLLM's CPU worker binds its threads itself.
+        vllm_tree = [psutil.Process(vllm.pid), *psutil.Process(vllm.pid).children(recursive=True)]
+        placed = {f"{p.name()}[{p.pid}]": sorted(p.cpu_affinity() or []) for p in vllm_tree}
+        settings = {
+            "rounds": args.rounds,
+            "max_tokens": BODY["max_tokens"],
+            "workers": args.workers,
+            "placement": args.placement,
+            "vllm_cores": sorted(vllm_cores),
+            "gateway_cores": sorted(gateway_cores),
+            "vllm_process_cores": placed,
+        }
         return {**settings, "rows": rows}
     finally:
         for process in reversed(processes):
@@ -205,10 +242,12 @@ async def measure_clients(
             rounds[side].append(
                 await measured(pid, url, direct=direct, clients=clients, per_client=per_client)
             )
-    med = {
+    med: dict[str, dict[str, Any]] = {
         side: {key: statistics.median(r[key] for r in results) for key in results[0]}
         for side, results in rounds.items()
     }
+    for side, results in rounds.items():  # every round's throughput, to see the noise behind a median
+        med[side]["requests_per_s_rounds"] = [round(r["requests_per_s"], 1) for r in results]
     row: dict = {"clients": clients, "calls_per_round": clients * per_client, **med}
     for side in sides:
         if side != "direct":
@@ -219,10 +258,16 @@ async def measure_clients(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests-per-client", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests-per-client", type=int, default=40)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--workers", type=int, default=2, help="gateway workers of the second gateway")
+    parser.add_argument(
+        "--placement",
+        choices=("split", "shared"),
+        default="split",
+        help="split: vLLM and clients on half the cores, gateways on the other half; shared: any core",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gateway_overhead.json")
     args = parser.parse_args()
     result = asyncio.run(run(args))
