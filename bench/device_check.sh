@@ -4,7 +4,10 @@
 #   2. builds vLLM's GPU build in its own environment (.venv-vllm-gpu);
 #   3. writes SmolLM2-135M-Instruct with `rft model smollm2` (or uses DEVICE_CHECK_MODEL=DIR);
 #   4. runs a few GRPO steps of the maze with vLLM and the learner sharing GPU 0, both bfloat16,
-#      vLLM asleep during each update, and writes bench/results/device_check.json.
+#      vLLM asleep during each update, and writes bench/results/device_check.json;
+#   5. when at least GATEWAY_STAGE_S (150 s) of the budget is left: the gateway over vLLM on the GPU
+#      (bench/gateway_overhead.py, tiny model, 16 and 64 clients, 1 and 4 gateway workers on half the
+#      host's cores), written to bench/results/gateway_overhead_gpu.json (issue 12's 0.95x target).
 # Every stage has a deadline inside one budget (DEVICE_CHECK_BUDGET_S, 480 s) and fails with a
 # sentence, never a hang.
 #
@@ -70,4 +73,14 @@ stage 240 "GRPO steps on the GPU (vLLM + learner sharing GPU 0)" \
     --vllm-python .venv-vllm-gpu/bin/python --run-dir "$RUN_DIR/run" \
     --stage-timeout-s 150 --out bench/results/device_check.json
 
-echo "device_check: done in $((SECONDS - started)) s; results in bench/results/device_check.json"
+GATEWAY_STAGE_S=150
+if [ $((BUDGET_S - (SECONDS - started))) -ge "$GATEWAY_STAGE_S" ]; then
+    stage "$GATEWAY_STAGE_S" "gateway over vLLM on the GPU (16 and 64 clients, 1 and 4 workers)" bash -c "
+        .venv/bin/python -m pip install -q psutil
+        RFTKIT_VLLM_PYTHON=.venv-vllm-gpu/bin/python .venv/bin/python bench/gateway_overhead.py \
+            --rounds 3 --clients 16 64 --workers 4 --out bench/results/gateway_overhead_gpu.json"
+else
+    echo "device_check: gateway stage skipped: less than ${GATEWAY_STAGE_S} s of the budget left"
+fi
+
+echo "device_check: done in $((SECONDS - started)) s; results in bench/results/"
