@@ -5,6 +5,8 @@ Rules, in order: vLLM (when rftkit starts it) gets ``vllm.devices``, else the fi
 was not given, else vLLM's first GPU (shared: vLLM takes ``gpu_memory_utilization`` of it, the
 learner the rest), else the CPU. The hf engine runs in the learner's process, on the learner's
 device unless ``hf.device`` says otherwise. ``auto`` dtypes are bfloat16 on CUDA, float32 on CPU.
+With a ``ray`` section the engines run in replica actors, each on the GPUs Ray gives it
+(``trainer.ray_cluster``), so this node's plan holds the learner alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from trainer.config import TrainConfig
 
 GB = 1e9
+# The engine's place with a `ray` section: replica actors, on GPUs of their own.
+RAY_REPLICAS = "ray replicas"
 
 
 class PlacementError(ValueError):
@@ -44,7 +48,7 @@ class Placement:
 
     learner_device: str  # "cpu" or "cuda:N"
     learner_dtype: str
-    engine_device: str  # the hf engine's device; "cuda:a,b" for vLLM's GPUs, "cpu" without GPUs
+    engine_device: str  # hf's device; "cuda:a,b" for vLLM's GPUs, "cpu" without; RAY_REPLICAS with Ray
     engine_dtype: str
     vllm_devices: list[int]
 
@@ -95,6 +99,9 @@ def node_for(config: TrainConfig, detected: list[Gpu]) -> Node:
 
 
 def _gpus_named(config: TrainConfig) -> int:
+    if config.ray is not None:  # the engines run in replica actors, on GPUs Ray gives them
+        index = _index(config.learner.device)
+        return 0 if index is None else index + 1
     named = [_index(device) for device in (config.learner.device, config.hf.device)]
     indices = [index for index in named if index is not None]
     if config.engine == "vllm" and config.vllm.attach_url is None and indices:
@@ -105,7 +112,7 @@ def _gpus_named(config: TrainConfig) -> int:
 
 
 def _vllm_devices(config: TrainConfig, node: Node) -> list[int]:
-    if config.engine != "vllm" or config.vllm.attach_url is not None:
+    if config.engine != "vllm" or config.vllm.attach_url is not None or config.ray is not None:
         return []
     wanted = config.vllm.devices
     if wanted is None:
@@ -131,7 +138,11 @@ def place(config: TrainConfig, node: Node) -> Placement:
     if engine == "cuda":
         engine = "cuda:0"
     named = [_index(learner), _index(engine)]
-    if config.engine == "vllm":
+    if config.ray is not None:
+        # This node runs the learner's plan only: each replica actor places its own engine.
+        engine = RAY_REPLICAS
+        named = named[:1]
+    elif config.engine == "vllm":
         engine = "cuda:" + ",".join(map(str, vllm)) if vllm else "cpu"
         named = named[:1]
     used = {index for index in named if index is not None} | set(vllm)

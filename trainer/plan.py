@@ -222,7 +222,7 @@ def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
     plans: dict[str, DevicePlan] = {}
     _device(plans, node, placement.learner_device).items.extend(_learner_items(config, shape, placement))
     problems: list[str] = []
-    if config.engine == "hf":
+    if config.engine == "hf" and config.ray is None:
         _device(plans, node, placement.engine_device).items.extend(_hf_engine_items(config, shape, placement))
     elif placement.vllm_devices:
         problems = _vllm_items(config, shape, placement, plans, node)
@@ -290,10 +290,11 @@ def _device_advice(config: TrainConfig, plan: Plan, device: DevicePlan) -> str:
                 f"on {largest.device})."
             )
     weights = plan.shape.parameters() * DTYPE_BYTES[plan.placement.learner_dtype]
+    other_gpu = "" if config.ray is not None else " put vLLM on another GPU (vllm.devices),"
     return (
         f"{head}, and no setting rftkit can change makes it fit (the learner's weights alone take "
-        f"{weights / GB:.1f} GB in {plan.placement.learner_dtype}): use a GPU with more memory, put "
-        "vLLM on another GPU (vllm.devices), or choose a smaller model."
+        f"{weights / GB:.1f} GB in {plan.placement.learner_dtype}): use a GPU with more memory,"
+        f"{other_gpu} or choose a smaller model."
     )
 
 

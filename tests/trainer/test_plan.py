@@ -13,7 +13,7 @@ import yaml
 
 from handlers.cli import main as rft
 from trainer.config import load_config
-from trainer.placement import Gpu, Node
+from trainer.placement import RAY_REPLICAS, Gpu, Node
 from trainer.plan import PlanError, check, make_plan, preflight, shape_for
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -137,3 +137,22 @@ def test_a_free_gpu_is_suggested_before_anything_else(tmp_path: Path) -> None:
     node = Node([Gpu(0, 80 * 10**9), Gpu(1, 80 * 10**9)], present=True)
     with pytest.raises(PlanError, match='it fits with learner.device="cuda:1"'):
         check(config, shape_for(config.model), node)
+
+
+def test_with_ray_the_node_plans_the_learner_alone(tmp_path: Path) -> None:
+    """Replica actors hold GPUs of their own: vLLM is not planned onto the learner's GPU, and the
+    advice names the learner's levers (it tried vLLM's sleep mode, which Ray configs refuse)."""
+    path = _run_config(
+        tmp_path, "llama-3-8b", engine="vllm", ray={"address": "auto", "inference_replicas": 2}
+    )
+    config = load_config(path)
+    node = Node([Gpu(0, 48 * 10**9)], present=True)
+    with pytest.raises(PlanError, match="it fits with learner.gradient_checkpointing=true"):
+        check(config, shape_for(config.model), node)
+    fitted = make_plan(
+        load_config(path, ["learner.gradient_checkpointing=true"]), shape_for(config.model), node
+    )
+    assert fitted.fits
+    assert fitted.placement.engine_device == RAY_REPLICAS and fitted.placement.vllm_devices == []
+    (device,) = fitted.devices
+    assert device.device == "cuda:0" and all("vLLM" not in item.label for item in device.items)
