@@ -346,6 +346,12 @@ class RayConfig(_Section):
         ge=0,
         description="Logical CPUs Ray reserves for each learner worker (CUDA workers also take one GPU).",
     )
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each learner worker needs, to pin workers to a node group (e.g. "
+        "{learner: 1} with KubeRay's learner workers started with that resource, so a worker never takes "
+        "an inference pod's GPU; deploy/kuberay/raycluster.yaml).",
+    )
     max_learner_restarts: int = Field(
         default=3,
         ge=0,

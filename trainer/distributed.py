@@ -194,7 +194,11 @@ class RayLearner:
         actor = ray.remote(LearnerWorker)
         self.workers: list[Any] = [  # Ray actor handles
             actor.options(
-                name=name, num_cpus=settings.learner_num_cpus, num_gpus=1 if cuda else 0, max_restarts=0
+                name=name,
+                num_cpus=settings.learner_num_cpus,
+                num_gpus=1 if cuda else 0,
+                resources=settings.learner_resources,
+                max_restarts=0,
             ).remote(str(model_dir), config, placed, rank, world)
             for rank, name in enumerate(self.names)
         ]

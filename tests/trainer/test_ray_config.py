@@ -79,6 +79,14 @@ def test_kuberay_files_agree_with_the_config() -> None:
     advertised = json.loads(json.loads(groups["inference"]["rayStartParams"]["resources"]))
     assert advertised == config.ray.replica_resources == {"inference": 1}
     assert groups["inference"]["replicas"] >= config.ray.inference_replicas
+    # Learner workers take learner pods, one each; the driver reserves {driver: 1} there and no GPU,
+    # so the pod's one GPU stays free for its worker (docs/ray.md submits it so).
+    learner_pod = json.loads(json.loads(groups["learner"]["rayStartParams"]["resources"]))
+    assert config.ray.learner_resources == {"learner": 1}
+    assert learner_pod == {**config.ray.learner_resources, "driver": 1}
+    assert groups["learner"]["replicas"] >= config.ray.learner_workers
+    guide = (REPO / "docs" / "ray.md").read_text()
+    assert "--entrypoint-resources '{\"driver\": 1}'" in guide and "--entrypoint-num-gpus" not in guide
     for group in groups.values():
         (container,) = group["template"]["spec"]["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
