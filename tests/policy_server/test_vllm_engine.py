@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,16 +39,22 @@ JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/vllm-suite"
 LORA_RANK = 8
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    engine = VLLMEngine(tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32")
+@contextlib.contextmanager
+def _gateway_over_vllm(engine: VLLMEngine) -> Iterator[tuple[PolicyServer, ServerThread]]:
     server = PolicyServer(engine)
     thread = ServerThread(server).start()
-    server.open_job(JOB, max_tokens=64)
     try:
         yield server, thread
     finally:
         thread.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
+    engine = VLLMEngine(tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32")
+    with _gateway_over_vllm(engine) as (server, thread):
+        server.open_job(JOB, max_tokens=64)
+        yield server, thread
 
 
 # Calls this long take minutes to play out on this CPU, so clients that leave a few seconds in
@@ -63,12 +70,8 @@ def long_context_vllm(
     model_dir = build_tiny_model(
         tmp_path_factory.mktemp("long-context") / "model", max_position_embeddings=32_768
     )
-    server = PolicyServer(VLLMEngine(model_dir, python=vllm_python, dtype="float32"))
-    thread = ServerThread(server).start()
-    try:
-        yield server, thread
-    finally:
-        thread.stop()
+    with _gateway_over_vllm(VLLMEngine(model_dir, python=vllm_python, dtype="float32")) as served:
+        yield served
 
 
 def client_for(thread: ServerThread, rollout_id: str) -> openai.OpenAI:
