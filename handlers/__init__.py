@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from handlers.context import InvalidRowError, RolloutContext
 from handlers.episode_errors import ends_episode, refused_by_endpoint
+from handlers.loop_thread import LoopThread
 from handlers.protocol import (
     JOB_ARN_HEADER,
     RFTKIT_KEY,
@@ -39,6 +40,7 @@ __all__ = [
     "CompleteRolloutRequest",
     "InferenceParams",
     "InvalidRowError",
+    "LoopThread",
     "RolloutMetadata",
     "RolloutPayload",
     "RolloutContext",
