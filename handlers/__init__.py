@@ -1,53 +1,186 @@
 """Agent side of rftkit: the rollout wire protocol, ``@rft_handler``, the rollout context, ``rft smoke``.
 
-Light by design: importable without torch, so an agent container installs only the base package.
+Light by design: importable without torch, so an agent container installs only the base package. This
+``__init__`` is the package's public surface; names load on first use, so importing the protocol
+does not pull in bedrock-agentcore, strands, openai or uvicorn.
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from handlers.context import InvalidRowError, RolloutContext
-from handlers.episode_errors import ends_episode, refused_by_endpoint
-from handlers.loop_thread import LoopThread
-from handlers.protocol import (
-    JOB_ARN_HEADER,
-    RFTKIT_KEY,
-    TRAJECTORY_ID_HEADER,
-    CompleteRolloutRequest,
-    InferenceParams,
-    RolloutMetadata,
-    RolloutPayload,
-    RolloutResponse,
-    UpdateRewardRequest,
-)
+_LAZY: dict[str, str] = {
+    # the wire protocol, defined once
+    **dict.fromkeys(
+        [
+            "CHAT_COMPLETIONS_PATH",
+            "COMPLETE_ROLLOUT_PATH",
+            "JOB_ARN_HEADER",
+            "JOB_NOT_FOUND_MESSAGE",
+            "RFTKIT_KEY",
+            "TRAJECTORY_ID_HEADER",
+            "UPDATE_REWARD_PATH",
+            "CompleteRolloutRequest",
+            "InferenceParams",
+            "ResultStatus",
+            "RftkitExtras",
+            "RolloutMetadata",
+            "RolloutPayload",
+            "RolloutResponse",
+            "RolloutStatus",
+            "UpdateRewardRequest",
+        ],
+        "handlers.protocol",
+    ),
+    # writing an agent
+    "rft_app": "handlers.decorator",
+    "rft_handler": "handlers.decorator",
+    "InvalidRowError": "handlers.context",
+    "MissingEndpointError": "handlers.context",
+    "RolloutContext": "handlers.context",
+    "ends_episode": "handlers.episode_errors",
+    "refused_by_endpoint": "handlers.episode_errors",
+    "report_rollout": "handlers.reporting",
+    "report_rollout_async": "handlers.reporting",
+    # calling an agent (rft smoke and the trainer's fan-out)
+    **dict.fromkeys(
+        [
+            "ERROR_TEXT_CHARS",
+            "RUNTIME_ARN_FORM",
+            "AgentAnswer",
+            "FailureCause",
+            "agentcore_client",
+            "arn_region",
+            "client_error_answer",
+            "invocations_url",
+            "invoke_runtime",
+            "is_runtime_arn",
+            "read_answer",
+            "runtime_session_id",
+        ],
+        "handlers.agent_client",
+    ),
+    # running servers and event loops in threads
+    "LoopThread": "handlers.loop_thread",
+    **dict.fromkeys(
+        [
+            "HEADER_TIMEOUT_S",
+            "KEEP_ALIVE_S",
+            "MAX_CONNECTIONS",
+            "START_TIMEOUT_S",
+            "STOP_TIMEOUT_S",
+            "ServingThread",
+            "protocol_with_header_timeout",
+            "serve_in_thread",
+        ],
+        "handlers.serving",
+    ),
+}
 
 if TYPE_CHECKING:
+    from handlers.agent_client import (
+        ERROR_TEXT_CHARS,
+        RUNTIME_ARN_FORM,
+        AgentAnswer,
+        FailureCause,
+        agentcore_client,
+        arn_region,
+        client_error_answer,
+        invocations_url,
+        invoke_runtime,
+        is_runtime_arn,
+        read_answer,
+        runtime_session_id,
+    )
+    from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
     from handlers.decorator import rft_app, rft_handler
+    from handlers.episode_errors import ends_episode, refused_by_endpoint
+    from handlers.loop_thread import LoopThread
+    from handlers.protocol import (
+        CHAT_COMPLETIONS_PATH,
+        COMPLETE_ROLLOUT_PATH,
+        JOB_ARN_HEADER,
+        JOB_NOT_FOUND_MESSAGE,
+        RFTKIT_KEY,
+        TRAJECTORY_ID_HEADER,
+        UPDATE_REWARD_PATH,
+        CompleteRolloutRequest,
+        InferenceParams,
+        ResultStatus,
+        RftkitExtras,
+        RolloutMetadata,
+        RolloutPayload,
+        RolloutResponse,
+        RolloutStatus,
+        UpdateRewardRequest,
+    )
+    from handlers.reporting import report_rollout, report_rollout_async
+    from handlers.serving import (
+        HEADER_TIMEOUT_S,
+        KEEP_ALIVE_S,
+        MAX_CONNECTIONS,
+        START_TIMEOUT_S,
+        STOP_TIMEOUT_S,
+        ServingThread,
+        protocol_with_header_timeout,
+        serve_in_thread,
+    )
+
+__all__ = [
+    "AgentAnswer",
+    "CHAT_COMPLETIONS_PATH",
+    "COMPLETE_ROLLOUT_PATH",
+    "CompleteRolloutRequest",
+    "ERROR_TEXT_CHARS",
+    "FailureCause",
+    "HEADER_TIMEOUT_S",
+    "InferenceParams",
+    "InvalidRowError",
+    "JOB_ARN_HEADER",
+    "JOB_NOT_FOUND_MESSAGE",
+    "KEEP_ALIVE_S",
+    "LoopThread",
+    "MAX_CONNECTIONS",
+    "MissingEndpointError",
+    "RFTKIT_KEY",
+    "RUNTIME_ARN_FORM",
+    "ResultStatus",
+    "RftkitExtras",
+    "RolloutContext",
+    "RolloutMetadata",
+    "RolloutPayload",
+    "RolloutResponse",
+    "RolloutStatus",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "ServingThread",
+    "TRAJECTORY_ID_HEADER",
+    "UPDATE_REWARD_PATH",
+    "UpdateRewardRequest",
+    "agentcore_client",
+    "arn_region",
+    "client_error_answer",
+    "ends_episode",
+    "invocations_url",
+    "invoke_runtime",
+    "is_runtime_arn",
+    "protocol_with_header_timeout",
+    "read_answer",
+    "refused_by_endpoint",
+    "report_rollout",
+    "report_rollout_async",
+    "rft_app",
+    "rft_handler",
+    "runtime_session_id",
+    "serve_in_thread",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # The decorator pulls in bedrock-agentcore; the trainer and policy server import only the protocol.
-    if name in ("rft_app", "rft_handler"):
-        from handlers import decorator
-
-        return getattr(decorator, name)
-    raise AttributeError(f"module 'handlers' has no attribute {name!r}")
-
-
-__all__ = [
-    "JOB_ARN_HEADER",
-    "RFTKIT_KEY",
-    "TRAJECTORY_ID_HEADER",
-    "CompleteRolloutRequest",
-    "InferenceParams",
-    "InvalidRowError",
-    "LoopThread",
-    "RolloutMetadata",
-    "RolloutPayload",
-    "RolloutContext",
-    "RolloutResponse",
-    "UpdateRewardRequest",
-    "ends_episode",
-    "refused_by_endpoint",
-    "rft_app",
-    "rft_handler",
-]
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'handlers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -8,7 +8,7 @@ import sys
 
 # name -> (module:function taking argv and returning an exit code, one-line summary)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "smoke": ("handlers.smoke:main", "check that a deployed agent parses, calls its model and reports"),
+    "smoke": ("handlers.smoke_cli:main", "check that a deployed agent parses, calls its model and reports"),
     "serve": ("policy_server.cli:main", "serve a model through the OpenAI-compatible policy gateway"),
     "model": ("policy_server.model_cli:main", "write a model directory: tiny (random, offline) or smollm2"),
     "tiny-model": (

@@ -28,10 +28,10 @@ from handlers.smoke import (
     HEALTHY_SENTENCE,
     NOT_STARTING_SENTENCE,
     Outcome,
-    main,
     smoke_arn,
     smoke_url,
 )
+from handlers.smoke_cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_PAYLOAD = REPO_ROOT / "agents" / "template" / "payloads" / "smoke.json"

@@ -1,0 +1,113 @@
+"""``rft smoke TARGET [--payload FILE]``: the command around :mod:`handlers.smoke`'s checks.
+
+Reads the payload (a file, ./payloads/smoke.json, or the built-in one), picks the check by the target's
+form (an http(s) URL or an AgentCore runtime ARN), prints the report and exits with its code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+
+from handlers import smoke
+from handlers.agent_client import is_runtime_arn
+from handlers.protocol import RolloutPayload
+from handlers.smoke import (
+    BUILTIN_PAYLOAD,
+    DEFAULT_PAYLOAD_PATH,
+    DEFAULT_TIMEOUT_S,
+    EXIT_CANNOT_RUN,
+    smoke_arn,
+    smoke_url,
+    with_endpoint,
+)
+
+
+class PayloadFileError(ValueError):
+    """The smoke payload file is missing or is not a rollout payload."""
+
+
+def load_payload(path: Path | None) -> tuple[RolloutPayload, str]:
+    """The payload to send and where it came from: ``path``, ./payloads/smoke.json, or the built-in one."""
+    if path is None:
+        if not DEFAULT_PAYLOAD_PATH.is_file():
+            return RolloutPayload.model_validate(BUILTIN_PAYLOAD), "the built-in smoke payload"
+        path = DEFAULT_PAYLOAD_PATH
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise PayloadFileError(f"cannot read the payload file {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise PayloadFileError(f"the payload file {path} is not JSON: {exc}") from exc
+    try:
+        return RolloutPayload.model_validate(raw), str(path)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'payload'}: {item['msg']}"
+            for item in exc.errors()[:3]
+        )
+        raise PayloadFileError(f"the payload file {path} is not a rollout payload: {problems}") from exc
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rft smoke",
+        description=(smoke.__doc__ or "").split("\n\n")[0].replace("\n", " "),
+        epilog=(
+            "exit codes: 0 healthy, 1 partial, 2 the check could not run, 3 agent error, "
+            "4 access denied, 5 not reachable"
+        ),
+    )
+    parser.add_argument("target", help="agent URL (http://localhost:8080) or AgentCore runtime ARN")
+    parser.add_argument(
+        "--payload", type=Path, help="payload JSON file (default: ./payloads/smoke.json, else a built-in one)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait (default 60)"
+    )
+    parser.add_argument("--qualifier", help="AgentCore endpoint qualifier (ARN targets only)")
+    parser.add_argument(
+        "--endpoint",
+        help="policy endpoint for the remote agent to call (ARN targets only)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        payload, source = load_payload(args.payload)
+    except PayloadFileError as exc:
+        print(f"rft smoke: {exc}")
+        return EXIT_CANNOT_RUN
+    print(f"sending {source} (job {payload.metadata.job_arn}, rollout {payload.metadata.rollout_id})")
+    if is_runtime_arn(args.target):
+        from botocore.exceptions import BotoCoreError
+
+        if args.endpoint:
+            payload = with_endpoint(payload, args.endpoint)
+        elif payload.metadata.endpoint is None:
+            print(
+                "note: the payload names no metadata.endpoint, so the agent has no model to call (--endpoint)"
+            )
+        try:
+            report = smoke_arn(args.target, payload, timeout=args.timeout, qualifier=args.qualifier)
+        except BotoCoreError as exc:
+            print(f"rft smoke: cannot call AgentCore: {exc}")
+            return EXIT_CANNOT_RUN
+    elif args.target.startswith(("http://", "https://")):
+        try:
+            httpx.URL(args.target)
+        except httpx.InvalidURL as exc:
+            print(f"rft smoke: {args.target!r} is not a valid URL: {exc}")
+            return EXIT_CANNOT_RUN
+        report = smoke_url(args.target, payload, timeout=args.timeout)
+    else:
+        print(f"rft smoke: TARGET must be an http(s) URL or an AgentCore runtime ARN, got {args.target!r}")
+        return EXIT_CANNOT_RUN
+    print(report.render())
+    return report.exit_code
