@@ -14,13 +14,15 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from handlers.loop_thread import LoopThread
 
 ResultT = TypeVar("ResultT")
 
@@ -103,9 +105,9 @@ class ServingThread:
         self.name = name
         self._on_start = on_start
         self._on_stop = on_stop
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._uvicorn: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: LoopThread | None = None
+        self._serving: Future[None] | None = None
         self._ready = threading.Event()
         self._hooks_done = threading.Event()
         self._failure: BaseException | None = None
@@ -142,11 +144,12 @@ class ServingThread:
             limit_concurrency=MAX_CONNECTIONS,
         )
         self._uvicorn = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = LoopThread(self.name).start()
+        self._serving = self._thread.submit(self._main(sock))
+        self._serving.add_done_callback(lambda done: self._ended(done, sock))
         self._wait_ready()
         if self._failure is not None:
-            self._thread.join()
+            self._thread.stop()
             raise RuntimeError(f"The {self.name} failed to start: {self._failure}") from self._failure
         if not self._ready.is_set():
             raise TimeoutError(f"The {self.name} did not start listening within {START_TIMEOUT_S:.0f} s.")
@@ -155,25 +158,20 @@ class ServingThread:
     def _wait_ready(self) -> None:
         """Wait for ``on_start`` as long as it takes (an engine bounds its own start: vLLM's startup
         timeout), then at most START_TIMEOUT_S for uvicorn to listen."""
-        assert self._thread is not None
+        assert self._serving is not None
         listening_deadline: float | None = None
-        while not self._ready.wait(0.05) and self._thread.is_alive():
+        while not self._ready.wait(0.05) and not self._serving.done():
             if self._hooks_done.is_set():
                 listening_deadline = listening_deadline or time.monotonic() + START_TIMEOUT_S
                 if time.monotonic() > listening_deadline:
                     return
 
-    def _serve(self, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main(sock))
-        except BaseException as error:  # reported to start(), which re-raises it in the caller's thread
-            self._failure = error
+    def _ended(self, serving: Future[None], sock: socket.socket) -> None:
+        """uvicorn stopped: close the socket; a failure is reported to start(), which re-raises it."""
+        sock.close()
+        if not serving.cancelled() and serving.exception() is not None:
+            self._failure = serving.exception()
             self._ready.set()
-        finally:
-            sock.close()
-            loop.close()
 
     async def _main(self, sock: socket.socket) -> None:
         assert self._uvicorn is not None
@@ -195,19 +193,19 @@ class ServingThread:
 
     def run(self, coro: Coroutine[Any, Any, ResultT], timeout: float | None = None) -> ResultT:
         """Run a coroutine on the server's event loop and return its result."""
-        if self._loop is None or not self._ready.is_set():
+        if self._thread is None or not self._ready.is_set():
             coro.close()
             raise RuntimeError("The server is not running: call start() first.")
-        future: Future[ResultT] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout)
+        return self._thread.run(coro, timeout)
 
     def stop(self) -> None:
-        """Stop serving, run ``on_stop`` and join the thread."""
-        if self._uvicorn is None or self._thread is None:
+        """Stop serving, run ``on_stop`` and stop the thread."""
+        if self._uvicorn is None or self._thread is None or self._serving is None:
             return
         self._uvicorn.should_exit = True
-        self._thread.join(STOP_TIMEOUT_S)
-        if self._thread.is_alive():
+        # A failure to serve was already reported by start(); here only its end matters.
+        ended, _ = wait([self._serving], STOP_TIMEOUT_S)
+        if not ended or not self._thread.stop(STOP_TIMEOUT_S):
             print(
                 f"The {self.name} did not stop within {STOP_TIMEOUT_S:.0f} s; it ends with this process.",
                 file=sys.stderr,
