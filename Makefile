@@ -60,11 +60,13 @@ $(SMOLLM2_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
 
-# Ruff's lint and format checks, and mypy over handlers/, policy_server/ and trainer/ (pyproject.toml).
+# Ruff's lint and format checks, mypy over handlers/, policy_server/ and trainer/ (pyproject.toml), and
+# the house rules: module and function length, no import cycles, layers (tests/test_house_rules.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy
+	$(PY) -m pytest -q -p no:xdist tests/test_house_rules.py
 
 # Two pytest-xdist workers, each a whole file at a time (a module's vLLM server starts once), the
 # longest files first (tests/conftest.py). On 2 cores most long tests are CPU-bound, so two workers
