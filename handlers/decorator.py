@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
-from handlers.limits import DEFAULT_MAX_PAYLOAD_BYTES, PayloadLimits
+from handlers.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, PayloadLimits
 from handlers.protocol import (
     ResultStatus,
     RftkitExtras,
@@ -339,13 +339,14 @@ def rft_app(
     row_format: RowFormat = "raw",
     app: BedrockAgentCoreApp | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> BedrockAgentCoreApp:
     """A ``BedrockAgentCoreApp`` (``app`` or a new one) serving ``fn`` as its rollout entrypoint.
 
-    Payloads over ``max_payload_bytes`` answer 413 and JSON nested past what Python parses answers
-    400, both before the app reads them.
+    Payloads over ``max_payload_bytes`` answer 413, payloads not all sent within ``body_timeout_s``
+    408, and JSON nested past what Python parses 400, all before the app reads them.
     """
     app = app if app is not None else BedrockAgentCoreApp()
     app.entrypoint(rft_handler(fn, row_format=row_format))
-    app.add_middleware(PayloadLimits, max_bytes=max_payload_bytes)
+    app.add_middleware(PayloadLimits, max_bytes=max_payload_bytes, body_timeout_s=body_timeout_s)
     return app

@@ -1,14 +1,16 @@
-"""Abuse of the agent side: payloads the app must refuse with a 400/413 (not a 500), and model
+"""Abuse of the agent side: payloads the app must refuse with a 400/408/413 (not a 500), and model
 clients that stop by the rollout's deadline and never follow a redirect off the endpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -64,6 +66,22 @@ def test_a_body_without_content_length_is_bounded_too(agent: TestClient) -> None
 
     answer = agent.post("/invocations", content=chunks(), headers={"content-type": "application/json"})
     assert answer.status_code == 413
+
+
+def test_a_body_that_stops_arriving_answers_408_and_the_app_keeps_serving() -> None:
+    """Content-Length 500 and 20 bytes sent: 408 once the body timeout passes, not a held connection."""
+    app = rft_app(_calls_the_model, body_timeout_s=1.0)
+    with serve_in_thread(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(
+                b"POST /invocations HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 500\r\n\r\n" + b'{"prompt": "row", "x'
+            )
+            answer = sock.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in answer
+        with httpx.Client(base_url=url) as client:
+            assert client.post("/invocations", json=_payload()).status_code == 200
 
 
 @pytest.mark.parametrize(
