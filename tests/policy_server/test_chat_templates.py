@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from jinja2 import Template
 
 from policy_server.chat_templates import ChatTemplateError, chat_template_path, load_tokenizer
 from policy_server.engines.base import GenerationRequest
@@ -77,3 +78,24 @@ def test_config_resolves_a_template_file_beside_it_and_refuses_a_missing_one(tmp
     assert load_config(config_path, ["chat_template=chatml-tools"]).chat_template == "chatml-tools"
     with pytest.raises(ConfigError, match="chat_template.*neither a shipped template"):
         load_config(config_path, ["chat_template=templates/other.jinja"])
+
+
+@pytest.mark.parametrize("name", ["chatml-tools", "chatml-tools-vision"])
+def test_a_developer_message_renders_as_a_system_message(name: str) -> None:
+    """OpenAI's `developer` role (the Agents SDK sends it) is the application's instructions: a system turn,
+    with or without tools, first or later in the conversation."""
+    template = Template(chat_template_path(name).read_text())
+    tools = [{"type": "function", "function": {"name": "move", "parameters": {"type": "object"}}}]
+    for tool_list in ([], tools):
+        for before in ([], [{"role": "user", "content": "hi"}]):
+
+            def render(role: str, tool_list: list = tool_list, before: list = before) -> str:
+                messages = [
+                    *before,
+                    {"role": role, "content": "Be brief."},
+                    {"role": "user", "content": "go"},
+                ]
+                return template.render(messages=messages, tools=tool_list, add_generation_prompt=True)
+
+            assert render("developer") == render("system")
+            assert "developer" not in render("developer")
