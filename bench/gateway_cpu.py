@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from starlette.responses import JSONResponse  # noqa: E402
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER  # noqa: E402
-from policy_server.chat_api import CompletionIds, completion_body, generation_request, parse_request  # noqa: E402
+from policy_server.http.chat_api import CompletionIds, completion_body, generation_request, parse_request  # noqa: E402
 from policy_server.engines.base import GenerationRequest, GenerationResult  # noqa: E402
 from policy_server.engines.vllm import VLLMEngine, _free_port  # noqa: E402
 from policy_server.jobs import JobLimits, JobRegistry  # noqa: E402

@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER  # noqa: E402
 from policy_server.engines.vllm import VLLMEngine, _free_port  # noqa: E402
-from policy_server.tiny_model import build_tiny_model  # noqa: E402
+from policy_server.models.tiny import build_tiny_model  # noqa: E402
 
 JOB = "arn:aws:sagemaker:bench:job/gateway-overhead"
 BODY = {

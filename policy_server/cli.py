@@ -8,18 +8,18 @@ import threading
 from pathlib import Path
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from policy_server.chat_templates import ChatTemplateError
 from policy_server.engines.base import Engine
-from policy_server.gateway_pool import serve_gateway
-from policy_server.images import (
+from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_IMAGES_PER_CALL,
     ImageLimits,
 )
-from policy_server.metrics import start_metrics_server
+from policy_server.http.metrics import start_metrics_server
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
+from policy_server.models.chat_templates import ChatTemplateError
 from policy_server.server import PolicyServer
-from policy_server.sigv4_token import SageMakerTokenPolicy
+from policy_server.workers.gateway_pool import serve_gateway
 
 
 def _parser() -> argparse.ArgumentParser:

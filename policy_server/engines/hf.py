@@ -25,7 +25,7 @@ Sampling is seeded per request: ``request.seed``, or the engine's seed plus a co
 
 Vision-language models (a config with a ``vision_config`` and an ``image_token_id``, e.g. Qwen2-VL)
 load through ``AutoModelForImageTextToText`` and take images (``supports_images``). A call's images
-go through the model's image processor (``policy_server/vision_inputs.py``, shared with the
+go through the model's image processor (``policy_server/models/vision_inputs.py``, shared with the
 learner); each ``<|image_pad|>`` the template renders is expanded to the image's patch tokens before
 the prompt ids are recorded, so the recorded ids are exactly what the model saw. Prefill feeds the
 rows' pixels and their M-RoPE positions (time, height, width); decode continues each row from its
@@ -54,11 +54,11 @@ from peft import PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoConfig, Cache, DynamicLayer
 
-from policy_server.chat_format import normalize_messages, parse_tool_calls
-from policy_server.chat_templates import chat_template_path, load_tokenizer
 from policy_server.engines import batch_invariant
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
-from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
+from policy_server.http.chat_format import normalize_messages, parse_tool_calls
+from policy_server.models.chat_templates import chat_template_path, load_tokenizer
+from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 

@@ -46,9 +46,9 @@ from typing import Any
 import aiohttp
 import httpx
 
-from policy_server.chat_templates import chat_template_path
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
-from policy_server.images import ImageLimits
+from policy_server.http.images import ImageLimits
+from policy_server.models.chat_templates import chat_template_path
 from policy_server.trace import LogprobsMode
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"

@@ -1,4 +1,4 @@
-"""policy_server/images.py and image_store.py: every image part is decoded and checked, or refused
+"""policy_server/http/images.py and image_store.py: every image part is decoded and checked, or refused
 with a sentence; images are stored once per content and removed with the last trace using them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from policy_server.image_store import ImageStore, trace_key
-from policy_server.images import (
+from policy_server.http.images import (
     ImageError,
     ImageLimits,
     image_from_url,

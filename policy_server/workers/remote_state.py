@@ -20,8 +20,8 @@ from collections import OrderedDict
 
 from handlers.protocol import RolloutStatus
 from policy_server.jobs import CallTicket, JobLimits
-from policy_server.state_link import StateClient
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
+from policy_server.workers.state_link import StateClient
 
 # Rollouts remembered as open per worker; older ones are simply asked about again.
 OPEN_ROLLOUTS_CACHED = 65_536

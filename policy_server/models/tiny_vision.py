@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from policy_server.chat_templates import chat_template_text
-from policy_server.tiny_model import (
+from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.tiny import (
     END_OF_TEXT,
     HEAD_DIM,
     IM_END,
@@ -62,7 +62,7 @@ def _save_processor(out: Path) -> None:
     """Save the image processor (``preprocessor_config.json``).
 
     Only the image processor: transformers' ``Qwen2VLProcessor`` also wants a video processor, which
-    needs torchvision; ``policy_server/vision_inputs.py`` does the processor's one other job
+    needs torchvision; ``policy_server/models/vision_inputs.py`` does the processor's one other job
     (expanding each ``<|image_pad|>`` to the image's patch tokens) on token ids.
     """
     _image_processor().save_pretrained(out)
