@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import Engine
 from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,

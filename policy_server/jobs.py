@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from handlers.protocol import JOB_NOT_FOUND_MESSAGE, RolloutStatus
+from handlers import JOB_NOT_FOUND_MESSAGE, RolloutStatus
 from policy_server.errors import Rejection
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 

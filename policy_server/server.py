@@ -15,7 +15,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-from handlers.protocol import RolloutStatus
+from handlers import RolloutStatus
 from policy_server.adapter_versions import AdapterVersions
 from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
 from policy_server.errors import EngineError, Rejection

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 
 def _server(request: Request) -> PolicyServer:
-    return request.app.state.server  # type: ignore[no-any-return]
+    server: PolicyServer = request.app.state.server
+    return server
 
 
 async def _body(request: Request) -> bytes:

@@ -35,7 +35,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from handlers.serving import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S
+from handlers import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.jobs import CallTicket
 from policy_server.running import ServerThread, exposure_warning

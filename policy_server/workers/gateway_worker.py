@@ -19,7 +19,7 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel
 
-from handlers.serving import HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS, protocol_with_header_timeout
+from handlers import HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS, protocol_with_header_timeout
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.server import PolicyServer

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from handlers.protocol import RolloutStatus
+from handlers import RolloutStatus
 from policy_server.jobs import CallTicket, JobLimits
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 from policy_server.workers.state_link import StateClient

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_server.engines.base import GenerationRequest, GenerationResult
-from policy_server.engines.hf import HFEngine, sample_tokens
+from policy_server.engines import HFEngine, sample_tokens
 
 T = TypeVar("T")
 

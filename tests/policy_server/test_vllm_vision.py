@@ -25,7 +25,8 @@ from strands.models.openai import OpenAIModel
 from strands.types.exceptions import MaxTokensReachedException
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from policy_server.engines.vllm import VLLM_SITE_DIR, VLLMEngine
+from policy_server.engines.vllm import VLLMEngine
+from policy_server.engines.vllm_server import VLLM_SITE_DIR
 from policy_server.http.images import ImageLimits
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
