@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from jinja2 import Template
 
-from policy_server.models.chat_templates import ChatTemplateError, chat_template_path, load_tokenizer
 from policy_server.engines.base import GenerationRequest
 from policy_server.engines.hf import HFEngine
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.models.chat_templates import ChatTemplateError, chat_template_path, load_tokenizer
 from policy_server.models.tiny import CHAT_TEMPLATE
 from trainer.config import ConfigError, load_config
 

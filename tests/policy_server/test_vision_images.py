@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from policy_server.image_store import ImageStore, trace_key
 from policy_server.http.images import (
     ImageError,
     ImageLimits,
@@ -17,6 +16,7 @@ from policy_server.http.images import (
     locate_images,
     request_images,
 )
+from policy_server.image_store import ImageStore, trace_key
 from tests.vision_helpers import data_url, image_bytes, image_part
 
 LIMITS = ImageLimits(max_image_bytes=64 * 1024, max_images_per_call=3, max_image_pixels=256 * 256)

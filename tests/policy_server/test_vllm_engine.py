@@ -26,11 +26,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.workers.gateway_pool import GatewayPool
+from policy_server.models.tiny import build_tiny_model
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
-from policy_server.models.tiny import build_tiny_model
 from policy_server.trace import CallRecord
+from policy_server.workers.gateway_pool import GatewayPool
 from tests.teacher_forcing import teacher_forced_logprobs
 
 pytestmark = pytest.mark.vllm
