@@ -29,8 +29,8 @@ from PIL import Image, ImageDraw
 
 from policy_server.http.images import ImageLimits, locate_images, request_images
 from policy_server.models.tiny_vision import build_tiny_vision_model
-from policy_server.trace import CallRecord, RolloutTrace
 from policy_server.models.vision_inputs import VisionInputs
+from policy_server.trace import CallRecord, RolloutTrace
 from trainer.sequences import build_sequences, count_train_tokens
 
 SIZE, CELLS = 64, 8
