@@ -68,6 +68,22 @@ def test_a_body_without_content_length_is_bounded_too(agent: TestClient) -> None
     assert answer.status_code == 413
 
 
+def _read_response(sock: socket.socket) -> str:
+    """One whole HTTP response (headers and a Content-Length body) from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def test_a_body_that_stops_arriving_answers_408_and_the_app_keeps_serving() -> None:
     """Content-Length 500 and 20 bytes sent: 408 once the body timeout passes, not a held connection."""
     app = rft_app(_calls_the_model, body_timeout_s=1.0)
@@ -78,7 +94,7 @@ def test_a_body_that_stops_arriving_answers_408_and_the_app_keeps_serving() -> N
                 b"POST /invocations HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 500\r\n\r\n" + b'{"prompt": "row", "x'
             )
-            answer = sock.recv(65536).decode()
+            answer = _read_response(sock)
         assert answer.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in answer
         with httpx.Client(base_url=url) as client:
             assert client.post("/invocations", json=_payload()).status_code == 200
