@@ -34,7 +34,7 @@ from typing import Any
 import ray
 
 from policy_server.engines.base import GenerationRequest, GenerationResult
-from policy_server.engines.ray_engine import RayEngine
+from policy_server.engines.ray.engine import RayEngine
 
 LLAMA_8B_LORA_PARAMS_PER_RANK = 32 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 14336))
 

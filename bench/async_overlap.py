@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from policy_server.tiny_model import build_tiny_model  # noqa: E402
+from policy_server.models.tiny import build_tiny_model  # noqa: E402
 from tests.trainer.agent_apps.serving import QUESTIONS, serving, write_run_files  # noqa: E402
 from tests.trainer.agent_apps.sleepy import app  # noqa: E402
 from trainer.config import load_config  # noqa: E402

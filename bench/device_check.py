@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.run_dir.mkdir(parents=True)
     model_dir = args.model
     if model_dir is None:
-        from policy_server.tiny_model import build_tiny_model
+        from policy_server.models.tiny import build_tiny_model
 
         model_dir = build_tiny_model(args.run_dir / "model", seed=args.seed, corpus=maze_corpus(100))
     args.target_modules = TINY_TARGET_MODULES if args.model is None else list(PROJECTION_MODULES)

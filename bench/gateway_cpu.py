@@ -41,13 +41,10 @@ sys.path.insert(0, str(REPO))
 
 from starlette.responses import JSONResponse  # noqa: E402
 
-from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER  # noqa: E402
-from policy_server.chat_api import CompletionIds, completion_body, generation_request, parse_request  # noqa: E402
-from policy_server.engines.base import GenerationRequest, GenerationResult  # noqa: E402
-from policy_server.engines.vllm import VLLMEngine, _free_port  # noqa: E402
-from policy_server.jobs import JobLimits, JobRegistry  # noqa: E402
-from policy_server.server import PolicyServer  # noqa: E402
-from policy_server.trace import CallRecord, clipped_for_record  # noqa: E402
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER  # noqa: E402
+from policy_server import JobLimits, JobRegistry, PolicyServer, call_record  # noqa: E402
+from policy_server.engines import GenerationRequest, GenerationResult, VLLMEngine, free_port  # noqa: E402
+from policy_server.http import CompletionIds, completion_body, generation_request, parse_request  # noqa: E402
 
 JOB = "arn:aws:sagemaker:bench:job/gateway-cpu"
 BODY = json.dumps(
@@ -159,21 +156,11 @@ def sync_stages(calls: int) -> dict[str, Callable[[], float]]:
 
     def record() -> None:
         done = result()
-        registry.record_call(
-            ticket,
-            CallRecord(
-                index=ticket.sequence,
-                prompt_token_ids=list(done.prompt_token_ids),
-                completion_token_ids=list(done.completion_token_ids),
-                completion_logprobs=list(done.completion_logprobs),
-                logprobs_mode=done.logprobs_mode,
-                adapter_version=0,
-                finish_reason=done.finish_reason,
-                started_at=0.0,
-                finished_at=0.0,
-                messages=clipped_for_record(generation.messages),
-            ),
+        # The server's own builder: what PolicyServer.complete records for every call.
+        record = call_record(
+            generation, done, index=ticket.sequence, adapter_version=0, started_at=0.0, finished_at=0.0
         )
+        registry.record_call(ticket, record)
 
     def respond() -> None:
         JSONResponse(completion_body(result(), CompletionIds("policy")))
@@ -192,7 +179,7 @@ def sync_stages(calls: int) -> dict[str, Callable[[], float]]:
 async def engine_hop_us(calls: int) -> dict[str, float]:
     """``VLLMEngine.generate`` (aiohttp) against the stub, and the same hop through httpx (what the
     engine used before), in one run."""
-    port = _free_port()
+    port = free_port()
     stub = subprocess.Popen([sys.executable, "-c", STUB_SERVER, str(port)], stdin=subprocess.PIPE)
     assert stub.stdin is not None
     stub.stdin.write(json.dumps(VLLM_ANSWER).encode())

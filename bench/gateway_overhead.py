@@ -49,8 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER  # noqa: E402
-from policy_server.engines.vllm import VLLMEngine, _free_port  # noqa: E402
-from policy_server.tiny_model import build_tiny_model  # noqa: E402
+from policy_server.engines import VLLMEngine, free_port  # noqa: E402
+from policy_server.models.tiny import build_tiny_model  # noqa: E402
 
 JOB = "arn:aws:sagemaker:bench:job/gateway-overhead"
 BODY = {
@@ -178,7 +178,7 @@ async def run(args: argparse.Namespace) -> dict:
     vllm_cores, gateway_cores = core_sets(args.placement)
     work = Path(tempfile.mkdtemp(prefix="rftkit-bench-"))
     model_dir = build_tiny_model(work / "model", seed=0)
-    vllm_port = _free_port()
+    vllm_port = free_port()
     vllm_python = os.environ.get("RFTKIT_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
     engine = VLLMEngine(model_dir, python=vllm_python, port=vllm_port)
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_CPU_KVCACHE_SPACE="1")
@@ -196,7 +196,7 @@ async def run(args: argparse.Namespace) -> dict:
         await wait_healthy(sides["direct"][1])
         os.sched_setaffinity(0, gateway_cores)
         for workers in (1, args.workers):
-            port = _free_port()
+            port = free_port()
             gateway = subprocess.Popen(
                 gateway_command(model_dir, vllm_port, port, workers),
                 stdout=open(work / f"gateway-{workers}.log", "wb"),

@@ -9,7 +9,7 @@ table is printed.
 
     .venv/bin/python bench/hf_engine.py [--model DIR] [--max-tokens 64] [--repeats 3] [--threads N]
 
-Without ``--model`` it builds the tiny model (``policy_server.tiny_model``) in a temporary directory.
+Without ``--model`` it builds the tiny model (``policy_server.models.tiny``) in a temporary directory.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_server.engines.base import GenerationRequest
 from policy_server.engines.hf import HFEngine
-from policy_server.tiny_model import build_tiny_model
+from policy_server.models.tiny import build_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf_engine.json"
 TOOLS = [

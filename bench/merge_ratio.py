@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from policy_server.chat_templates import load_tokenizer
-from policy_server.tiny_model import build_tiny_model
+from policy_server.models.chat_templates import load_tokenizer
+from policy_server.models.tiny import build_tiny_model
 from policy_server.trace import CallRecord, RolloutTrace
 from trainer.grpo import token_logprobs
 from trainer.sequences import build_sequences, count_train_tokens, pad_batch

@@ -38,7 +38,7 @@ from handlers.protocol import (  # noqa: E402
 )
 from policy_server import PolicyServer, ServerThread  # noqa: E402
 from policy_server.engines.hf import HFEngine  # noqa: E402
-from policy_server.tiny_model import build_tiny_model  # noqa: E402
+from policy_server.models.tiny import build_tiny_model  # noqa: E402
 
 JOB = "arn:aws:sagemaker:bench:job/soak"
 FLAT_WITHIN = 0.10
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls_per_rollout": args.calls,
         "max_tokens": args.max_tokens,
         "warmup": args.warmup,
-        "engine": "hf, tiny model (policy_server/tiny_model.py), max_batch_size 64",
+        "engine": "hf, tiny model (policy_server/models/tiny.py), max_batch_size 64",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -3,7 +3,7 @@
 Each episode is a visual-maze agent's calls: a system prompt and one ``move`` tool, the first
 observation (a 64x64 PNG of the grid) in the user message and every later one in the ``move`` tool's
 result. Prompts are rendered as the hf engine renders them for the tiny VLM (chat template, then
-each ``<|image_pad|>`` expanded to the image's patch tokens by ``policy_server/vision_inputs.py``);
+each ``<|image_pad|>`` expanded to the image's patch tokens by ``policy_server/models/vision_inputs.py``);
 the completion is the assistant turn the template renders (a canonical tool call ending in
 ``<|im_end|>``). The traces carry their images' ``ImageRef`` s as the policy server records them and
 go through :func:`trainer.sequences.count_train_tokens` and :func:`trainer.sequences.build_sequences`.
@@ -27,10 +27,10 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from policy_server.images import ImageLimits, locate_images, request_images
-from policy_server.tiny_vision import build_tiny_vision_model
+from policy_server.http.images import ImageLimits, locate_images, request_images
+from policy_server.models.tiny_vision import build_tiny_vision_model
+from policy_server.models.vision_inputs import VisionInputs
 from policy_server.trace import CallRecord, RolloutTrace
-from policy_server.vision_inputs import VisionInputs
 from trainer.sequences import build_sequences, count_train_tokens
 
 SIZE, CELLS = 64, 8

@@ -10,9 +10,12 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "smoke": ("handlers.smoke_cli:main", "check that a deployed agent parses, calls its model and reports"),
     "serve": ("policy_server.cli:main", "serve a model through the OpenAI-compatible policy gateway"),
-    "model": ("policy_server.model_cli:main", "write a model directory: tiny (random, offline) or smollm2"),
+    "model": (
+        "policy_server.models.model_cli:main",
+        "write a model directory: tiny (random, offline) or smollm2",
+    ),
     "tiny-model": (
-        "policy_server.tiny_model:main",
+        "policy_server.models.model_cli:tiny_model_main",
         "the old name of `rft model tiny`",
     ),
     "sft": ("trainer.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),

@@ -7,19 +7,19 @@ import signal
 import threading
 from pathlib import Path
 
-from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from policy_server.chat_templates import ChatTemplateError
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER, ServingThread
 from policy_server.engines.base import Engine
-from policy_server.gateway_pool import serve_gateway
-from policy_server.images import (
+from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_IMAGES_PER_CALL,
     ImageLimits,
 )
-from policy_server.metrics import start_metrics_server
+from policy_server.http.metrics import start_metrics_server
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
+from policy_server.models.chat_templates import ChatTemplateError
 from policy_server.server import PolicyServer
-from policy_server.sigv4_token import SageMakerTokenPolicy
+from policy_server.workers.gateway_pool import serve_gateway
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,69 +27,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="rft serve",
         description="Serve a model (and a LoRA adapter) through the OpenAI-compatible policy gateway.",
     )
+    _model_arguments(parser)
+    _network_arguments(parser)
+    _job_arguments(parser)
+    return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options for the model and the engine that serves it."""
     parser.add_argument("--model", required=True, type=Path, help="model directory (transformers format)")
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="inference engine (default: hf)"
     )
     parser.add_argument("--adapter", type=Path, help="peft LoRA adapter directory to serve as version 1")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument(
-        "--gateway-workers",
-        type=int,
-        default=1,
-        help="gateway processes sharing the port (vllm engine only); 1: this process (default: 1)",
-    )
-    parser.add_argument(
-        "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
-    )
-    parser.add_argument(
-        "--api-key", help="require 'Authorization: Bearer KEY' on the agents' routes (/v1, feedback, /health)"
-    )
-    parser.add_argument(
-        "--admin-key",
-        help="serve /admin/* (open jobs, take traces, load adapters) to 'Authorization: Bearer KEY'; "
-        "unset: /admin/* is not served over HTTP. Never give it to agents",
-    )
-    parser.add_argument(
-        "--adapters-dir",
-        type=Path,
-        help="the only directory /admin/load-adapter loads adapters from (default: none)",
-    )
-    parser.add_argument(
-        "--accept-sagemaker-tokens",
-        action="store_true",
-        help="also accept the bearer tokens AWS's SageMaker SDK signs (checked offline; see the README)",
-    )
-    parser.add_argument(
-        "--sagemaker-access-key-id",
-        dest="sagemaker_access_key_ids",
-        action="append",
-        default=[],
-        metavar="AKID",
-        help="with --accept-sagemaker-tokens: an access key id tokens may name; repeatable (default: any)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics, a port of their own that agents "
-        "need not reach (0 picks a free one; default: no metrics port)",
-    )
     parser.add_argument("--policy-name", default="policy", help="model name clients request (or 'default')")
-    parser.add_argument(
-        "--open-job",
-        metavar="ARN",
-        help="open a job with this ARN that accepts any rollout id (for agent development)",
-    )
-    parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens cap of the --open-job job")
-    parser.add_argument(
-        "--max-calls-per-rollout", type=int, default=64, help="call cap per rollout of the --open-job job"
-    )
-    parser.add_argument(
-        "--max-open-rollouts",
-        type=int,
-        default=1024,
-        help="rollouts the --open-job job holds at once; more answer 429 (default: 1024)",
-    )
     parser.add_argument(
         "--vllm-python", help="Python of vLLM's own environment (default: $RFTKIT_VLLM_PYTHON)"
     )
@@ -120,6 +71,78 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reasoning-parser", help="vllm engine: vLLM's --reasoning-parser (qwen3, openai_gptoss, ...)"
     )
+
+
+def _network_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options for where it listens and who may call it."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)"
+    )
+    parser.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port (vllm engine only); 1: this process (default: 1)",
+    )
+    parser.add_argument(
+        "--api-key", help="require 'Authorization: Bearer KEY' on the agents' routes (/v1, feedback, /health)"
+    )
+    parser.add_argument(
+        "--admin-key",
+        help="serve /admin/* (open jobs, take traces, load adapters) to 'Authorization: Bearer KEY'; "
+        "unset: /admin/* is not served over HTTP. Never give it to agents",
+    )
+    parser.add_argument(
+        "--adapters-dir",
+        type=Path,
+        help="the only directory /admin/load-adapter loads adapters from (default: none)",
+    )
+    parser.add_argument(
+        "--accept-sagemaker-tokens",
+        action="store_true",
+        help="also accept the bearer tokens AWS's SageMaker SDK signs "
+        "(checked offline; see docs/sagemaker.md)",
+    )
+    parser.add_argument(
+        "--sagemaker-access-key-id",
+        dest="sagemaker_access_key_ids",
+        action="append",
+        default=[],
+        metavar="AKID",
+        help="with --accept-sagemaker-tokens: an access key id tokens may name; repeatable (default: any)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, a port of their own that agents "
+        "need not reach (0 picks a free one; default: no metrics port)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="uvicorn log level; 'info' logs every request (default: info)",
+    )
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options for a job open for agent development, and what calls may carry."""
+    parser.add_argument(
+        "--open-job",
+        metavar="ARN",
+        help="open a job with this ARN that accepts any rollout id (for agent development)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens cap of the --open-job job")
+    parser.add_argument(
+        "--max-calls-per-rollout", type=int, default=64, help="call cap per rollout of the --open-job job"
+    )
+    parser.add_argument(
+        "--max-open-rollouts",
+        type=int,
+        default=1024,
+        help="rollouts the --open-job job holds at once; more answer 429 (default: 1024)",
+    )
     parser.add_argument(
         "--max-image-bytes",
         type=int,
@@ -138,13 +161,6 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_IMAGE_PIXELS,
         help=f"most pixels (width x height) per image (default {DEFAULT_MAX_IMAGE_PIXELS})",
     )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=("debug", "info", "warning", "error"),
-        help="uvicorn log level; 'info' logs every request (default: info)",
-    )
-    return parser
 
 
 def _image_limits(args: argparse.Namespace) -> ImageLimits:
@@ -192,20 +208,9 @@ def _stop_on_interrupt_or_term() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not (args.model / "config.json").is_file():
-        print(f"rft serve: {args.model} is not a model directory (no config.json in it)")
-        return 2
-    if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
-        print(f"rft serve: {args.adapter} is not a peft adapter directory (no adapter_config.json in it)")
-        return 2
-    if args.admin_key and args.admin_key == args.api_key:
-        print("rft serve: --admin-key must differ from --api-key (agents hold the API key)")
-        return 2
-    if min(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels) < 1:
-        print("rft serve: --max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more")
-        return 2
-    if args.gateway_workers < 1 or (args.gateway_workers > 1 and args.engine != "vllm"):
-        print("rft serve: --gateway-workers is at least 1, and more than 1 needs --engine vllm")
+    refusal = _refusal(args)
+    if refusal is not None:
+        print(f"rft serve: {refusal}")
         return 2
     _stop_on_interrupt_or_term()
     tokens = None
@@ -239,28 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.adapter is not None:
             version = thread.run(server.load_adapter(args.adapter))
             print(f"adapter {args.adapter} loaded as version {version}")
-        print(f"OpenAI-compatible endpoint: {thread.url}/v1  (model: {args.policy_name!r} or 'default')")
-        if args.open_job:
-            server.open_job(
-                args.open_job,
-                max_tokens=args.max_tokens,
-                max_calls_per_rollout=args.max_calls_per_rollout,
-                auto_open_rollouts=True,
-                max_open_rollouts=args.max_open_rollouts,
-            )
-            print(f"job {args.open_job!r} is open; send these headers on every call:")
-            print(f"  {JOB_ARN_HEADER}: {args.open_job}")
-            print(f"  {TRAJECTORY_ID_HEADER}: <any id per episode>")
-        elif args.admin_key:
-            print(f"no job is open: calls answer 400 until one is opened (POST {thread.url}/admin/open-job)")
-        else:
-            print("no job is open: calls answer 400 (pass --open-job ARN, or --admin-key to open jobs)")
-        if args.api_key:
-            print("  Authorization: Bearer <your --api-key>")
-        if tokens is not None:
-            print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
-        if metrics is not None:
-            print(f"Prometheus metrics: {metrics.url}/metrics")
+        _announce(args, server, thread.url, tokens is not None, metrics)
         print("Ctrl-C stops the server.")
         threading.Event().wait()
     except KeyboardInterrupt:
@@ -270,3 +254,50 @@ def main(argv: list[str] | None = None) -> int:
             metrics.stop()
         thread.stop()
     return 0
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why these options cannot be served, or None."""
+    if not (args.model / "config.json").is_file():
+        return f"{args.model} is not a model directory (no config.json in it)"
+    if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
+        return f"{args.adapter} is not a peft adapter directory (no adapter_config.json in it)"
+    if args.admin_key and args.admin_key == args.api_key:
+        return "--admin-key must differ from --api-key (agents hold the API key)"
+    if min(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels) < 1:
+        return "--max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more"
+    if args.gateway_workers < 1 or (args.gateway_workers > 1 and args.engine != "vllm"):
+        return "--gateway-workers is at least 1, and more than 1 needs --engine vllm"
+    return None
+
+
+def _announce(
+    args: argparse.Namespace,
+    server: PolicyServer,
+    url: str,
+    sagemaker_tokens: bool,
+    metrics: ServingThread | None,
+) -> None:
+    """Open the development job, if asked, and print what a client needs to call the server."""
+    print(f"OpenAI-compatible endpoint: {url}/v1  (model: {args.policy_name!r} or 'default')")
+    if args.open_job:
+        server.open_job(
+            args.open_job,
+            max_tokens=args.max_tokens,
+            max_calls_per_rollout=args.max_calls_per_rollout,
+            auto_open_rollouts=True,
+            max_open_rollouts=args.max_open_rollouts,
+        )
+        print(f"job {args.open_job!r} is open; send these headers on every call:")
+        print(f"  {JOB_ARN_HEADER}: {args.open_job}")
+        print(f"  {TRAJECTORY_ID_HEADER}: <any id per episode>")
+    elif args.admin_key:
+        print(f"no job is open: calls answer 400 until one is opened (POST {url}/admin/open-job)")
+    else:
+        print("no job is open: calls answer 400 (pass --open-job ARN, or --admin-key to open jobs)")
+    if args.api_key:
+        print("  Authorization: Bearer <your --api-key>")
+    if sagemaker_tokens:
+        print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
+    if metrics is not None:
+        print(f"Prometheus metrics: {metrics.url}/metrics")

@@ -1,7 +1,7 @@
 """The run's images, stored once each by content hash, for as long as a trace refers to them.
 
 A multi-turn episode re-sends its earlier images with every call, and a group of rollouts often
-shares its first image: traces therefore hold only :class:`~policy_server.images.ImageRef` (a sha256
+shares its first image: traces therefore hold only :class:`~policy_server.http.images.ImageRef` (a sha256
 and a span of prompt tokens) and the bytes live here, one file per distinct image, named by its
 sha256 (``<root>/<sha256>``, the file exactly as the agent sent it). Each file remembers which traces
 refer to it; :meth:`ImageStore.release` (when the trainer is done with a trace) deletes the files
@@ -18,7 +18,7 @@ import threading
 import weakref
 from pathlib import Path
 
-from policy_server.images import ImageInput, ImageLimits, image_from_bytes
+from policy_server.http.images import ImageInput, ImageLimits, image_from_bytes
 
 _UNLIMITED = ImageLimits(max_image_bytes=1 << 62, max_images_per_call=1 << 62, max_image_pixels=1 << 62)
 

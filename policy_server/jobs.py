@@ -11,21 +11,13 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from handlers.protocol import JOB_NOT_FOUND_MESSAGE, RolloutStatus
+from handlers import JOB_NOT_FOUND_MESSAGE, RolloutStatus
+from policy_server.errors import Rejection
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 
 # Finished rollout ids remembered per job, so that a late call answers "finished" instead of "unknown".
 # Bounded so that a job running for days keeps flat memory; older ids fall back to "unknown" (still 4xx).
 FINISHED_IDS_KEPT = 65_536
-
-
-class Rejection(Exception):
-    """A request the policy server refuses: an HTTP status (4xx) and a sentence for the caller."""
-
-    def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
 
 
 @dataclass(frozen=True)

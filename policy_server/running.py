@@ -12,7 +12,7 @@ import sys
 
 from starlette.types import ASGIApp
 
-from handlers.serving import HEADER_TIMEOUT_S, ServingThread
+from handlers import HEADER_TIMEOUT_S, ServingThread
 from policy_server.server import PolicyServer
 
 

@@ -7,23 +7,21 @@ caps, sampled by the current adapter version, recorded token for token in the ro
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import logging
-import threading
 import time
-from collections import Counter
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 
-from handlers.protocol import RolloutStatus
-from policy_server.chat_api import ChatCompletionRequest, generation_request, has_images
-from policy_server.engines.base import Engine, GenerationResult
-from policy_server.image_store import ImageStore, trace_key
-from policy_server.images import (
+from handlers import RolloutStatus
+from policy_server.adapter_versions import AdapterVersions
+from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
+from policy_server.errors import EngineError, Rejection
+from policy_server.http.app import build_app
+from policy_server.http.chat_api import ChatCompletionRequest, generation_request, has_images
+from policy_server.http.images import (
     ImageError,
     ImageInput,
     ImageLimits,
@@ -31,10 +29,12 @@ from policy_server.images import (
     locate_images,
     request_images,
 )
-from policy_server.jobs import JobLimits, JobRegistry, Rejection
-from policy_server.metrics import RequestMetricsMiddleware, ServerMetrics
-from policy_server.sigv4_token import SageMakerTokenPolicy
-from policy_server.trace import CallRecord, RolloutTrace, TokenCounters, clipped_for_record
+from policy_server.http.metrics import RequestMetricsMiddleware, ServerMetrics
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
+from policy_server.image_store import ImageStore, trace_key
+from policy_server.jobs import JobLimits, JobRegistry
+from policy_server.recording import call_record
+from policy_server.trace import RolloutTrace, TokenCounters
 
 logger = logging.getLogger(__name__)
 
@@ -52,90 +52,6 @@ def call_seed(rollout_seed: int, call_number: int) -> int:
     """
     digest = hashlib.blake2b(f"{rollout_seed}:{call_number}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
-
-
-def _without_image_data(messages: list[dict[str, Any]], images: list[ImageInput]) -> list[dict[str, Any]]:
-    """``messages`` with each image's data URL replaced by ``sha256:<hex>`` (the bytes are in the store).
-
-    ``images`` are the messages' image parts decoded, in the same order (``request_images``).
-    """
-    if not images:
-        return messages
-    hashes = iter(image.sha256 for image in images)
-    recorded = copy.deepcopy(messages)
-    for message in recorded:
-        content = message.get("content")
-        for part in content if isinstance(content, list) else []:
-            if part.get("type") == "image_url":
-                part["image_url"] = {"url": f"sha256:{next(hashes)}"}
-    return recorded
-
-
-class EngineError(Exception):
-    """The engine failed on a call the gateway had accepted (answered with a 5xx)."""
-
-
-class _AdapterVersions:
-    """Which adapter version is current, how many calls each version has in flight, and which
-    rollouts are pinned to a version.
-
-    Calls acquire and release on the server's event loop; the trainer pins and unpins rollouts from
-    its own threads, hence the lock (never held across an await).
-    """
-
-    def __init__(self) -> None:
-        self.current = 0
-        self.loaded: set[int] = set()
-        self.in_flight: Counter[int] = Counter()
-        self.last_issued = 0
-        self._pins: dict[tuple[str, str], int] = {}
-        self._pinned: Counter[int] = Counter()
-        self._lock = threading.Lock()
-
-    def pin(self, key: tuple[str, str], version: int) -> None:
-        with self._lock:
-            if version != 0 and version not in self.loaded:
-                raise ValueError(f"adapter version {version} is not loaded, so no rollout can sample on it")
-            self._pins[key] = version
-            self._pinned[version] += 1
-
-    def unpin(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            version = self._pins.pop(key, None)
-            if version is not None:
-                self._pinned[version] -= 1
-                if self._pinned[version] <= 0:
-                    del self._pinned[version]
-
-    def unpin_job(self, job_arn: str) -> None:
-        for key in [key for key in self._pins if key[0] == job_arn]:
-            self.unpin(key)
-
-    def pinned_versions(self) -> tuple[int, ...]:
-        with self._lock:
-            return tuple(sorted(self._pinned))
-
-    def acquire(self, key: tuple[str, str]) -> int:
-        """The version a call of rollout ``key`` samples on: its pinned one, else the current one."""
-        with self._lock:
-            version = self._pins.get(key, self.current)
-            self.in_flight[version] += 1
-            return version
-
-    def release(self, version: int) -> None:
-        with self._lock:
-            self.in_flight[version] -= 1
-            if self.in_flight[version] <= 0:
-                del self.in_flight[version]
-
-    def retired(self) -> list[int]:
-        """Loaded versions that are not current, that no call in flight uses and no rollout is pinned to."""
-        with self._lock:
-            return sorted(
-                v
-                for v in self.loaded
-                if v != self.current and self.in_flight[v] == 0 and self._pinned[v] == 0
-            )
 
 
 class PolicyServer:
@@ -174,7 +90,7 @@ class PolicyServer:
         self.image_limits = image_limits or ImageLimits()
         self.image_store = image_store if image_store is not None else ImageStore.temporary()
         self.registry = JobRegistry()
-        self._versions = _AdapterVersions()
+        self._versions = AdapterVersions()
         self._adapter_lock: asyncio.Lock | None = None
         self.metrics = ServerMetrics()
         self.metrics.watch(self)
@@ -182,8 +98,6 @@ class PolicyServer:
     @cached_property
     def app(self) -> Starlette:
         """The Starlette ASGI app serving this server's routes."""
-        from policy_server.gateway import build_app
-
         app = build_app(self)
         routes = [getattr(route, "path", "") for route in app.routes]
         # Outermost, so refusals of the other middleware (a wrong API key) are counted too.
@@ -341,6 +255,31 @@ class PolicyServer:
     ) -> GenerationResult:
         """Sample one chat call for a rollout and record it; raises Rejection (4xx) or EngineError (5xx)."""
         started_at = time.time()
+        generation = self._admissible(job_arn, rollout_id, request)
+        # Only a valid request opens a rollout of an auto-opening job (start_call does).
+        ticket = self.registry.start_call(job_arn, rollout_id)
+        if generation.seed is not None:
+            generation.seed = call_seed(generation.seed, ticket.call_number)
+        version = self._versions.acquire((job_arn, rollout_id))
+        generation.adapter_version = version
+        generation.rollout_id = rollout_id
+        result = await self._generate(generation, version)
+        self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
+        images = self._store_images(job_arn, rollout_id, generation.images, result.prompt_token_ids)
+        record = call_record(
+            generation,
+            result,
+            index=ticket.sequence,
+            adapter_version=version,
+            started_at=started_at,
+            finished_at=time.time(),
+            images=images,
+        )
+        self.registry.record_call(ticket, record)
+        return result
+
+    def _admissible(self, job_arn: str, rollout_id: str, request: ChatCompletionRequest) -> GenerationRequest:
+        """The engine's request for a call this server accepts (images decoded); a Rejection otherwise."""
         limits = self.registry.limits(job_arn)
         self.registry.check_rollout(job_arn, rollout_id)
         if request.model not in self.model_names:
@@ -356,50 +295,25 @@ class PolicyServer:
             generation.images = request_images(generation.messages, self.image_limits)
         except ImageError as error:
             raise Rejection(400, str(error)) from None
-        # Only a valid request opens a rollout of an auto-opening job (start_call does).
-        ticket = self.registry.start_call(job_arn, rollout_id)
-        if generation.seed is not None:
-            generation.seed = call_seed(generation.seed, ticket.call_number)
-        version = self._versions.acquire((job_arn, rollout_id))
-        generation.adapter_version = version
-        generation.rollout_id = rollout_id
+        return generation
+
+    async def _generate(self, generation: GenerationRequest, version: int) -> GenerationResult:
+        """The engine's answer; its refusals become 400s, its failures 500s; the version is released."""
         self.metrics.calls_in_flight.inc()
         try:
-            result = await self.engine.generate(generation)
+            return await self.engine.generate(generation)
         except ValueError as error:
             # Engines raise ValueError for requests they cannot serve (a template that cannot render
             # the messages, a prompt filling the context): the caller's to fix, so a 4xx.
             raise Rejection(400, f"The engine refused this request: {str(error).rstrip('.')}.") from error
         except Exception as error:
-            logger.exception("engine failed on a call of rollout %s", rollout_id)
+            logger.exception("engine failed on a call of rollout %s", generation.rollout_id)
             raise EngineError(f"The engine failed on this call: {type(error).__name__}: {error}") from error
         finally:
             self.metrics.calls_in_flight.dec()
             self._versions.release(version)
             if version != self._versions.current:
                 await self._unload_retired()
-        self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
-        images = self._store_images(job_arn, rollout_id, generation.images, result.prompt_token_ids)
-        self.registry.record_call(
-            ticket,
-            CallRecord(
-                index=ticket.sequence,
-                prompt_token_ids=list(result.prompt_token_ids),
-                completion_token_ids=list(result.completion_token_ids),
-                completion_logprobs=list(result.completion_logprobs),
-                logprobs_mode=result.logprobs_mode,
-                adapter_version=version,
-                finish_reason=result.finish_reason,
-                started_at=started_at,
-                finished_at=time.time(),
-                temperature=generation.temperature,
-                top_p=generation.top_p,
-                messages=clipped_for_record(_without_image_data(generation.messages, generation.images)),
-                tools=generation.tools,
-                images=images,
-            ),
-        )
-        return result
 
     def _store_images(
         self, job_arn: str, rollout_id: str, images: list[ImageInput], prompt_ids: list[int]

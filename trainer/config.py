@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from handlers.agent_client import RUNTIME_ARN_FORM, is_runtime_arn
-from policy_server.images import (
+from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_IMAGES_PER_CALL,
@@ -737,7 +737,7 @@ class TrainConfig(_Section):
     @field_validator("chat_template")
     @classmethod
     def _chat_template(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from policy_server.chat_templates import SHIPPED, chat_template_path
+        from policy_server.models.chat_templates import SHIPPED, chat_template_path
 
         if value is None or value in SHIPPED:
             return value

@@ -236,9 +236,9 @@ def maze_corpus(count: int, observation: str = "text") -> list[str]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from agents.maze.demonstrations import maze_demonstrations
-    from policy_server.chat_format import normalize_messages
-    from policy_server.tiny_model import CHAT_TEMPLATE
-    from policy_server.tiny_vision import CHAT_TEMPLATE as VISION_CHAT_TEMPLATE
+    from policy_server.http.chat_format import normalize_messages
+    from policy_server.models.tiny import CHAT_TEMPLATE
+    from policy_server.models.tiny_vision import CHAT_TEMPLATE as VISION_CHAT_TEMPLATE
 
     texts = []
     for demonstration in maze_demonstrations(count, observation=observation):  # type: ignore[arg-type]
@@ -254,8 +254,8 @@ def maze_corpus(count: int, observation: str = "text") -> list[str]:
 def build_demo_model(plan: DemoPlan, out_dir: Path, seed: int) -> tuple[Path, list[str]]:
     """The tiny model the plan asks for, built offline (a VLM for image observations), and the
     modules its adapter covers."""
-    from policy_server.tiny_model import HEAD_DIM, build_tiny_model
-    from policy_server.tiny_vision import build_tiny_vision_model
+    from policy_server.models.tiny import HEAD_DIM, build_tiny_model
+    from policy_server.models.tiny_vision import build_tiny_vision_model
 
     corpus = maze_corpus(300, plan.observation)
     if plan.observation == "image":
@@ -491,13 +491,13 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``.
 
-    ``chat_template`` (see ``policy_server.chat_templates``) is used by the warm start and both
+    ``chat_template`` (see ``policy_server.models.chat_templates``) is used by the warm start and both
     engines; ``plan`` overrides the full or quick plan; ``ray`` serves the policy from two inference
     replicas on a local Ray cluster.
     """
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
-    from policy_server.chat_templates import load_tokenizer
+    from policy_server.models.chat_templates import load_tokenizer
     from trainer.demo_gallery import EpisodeGallery
     from trainer.loop import train
 
@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model, chat_template, plan = (Path(args.model) if args.model else None), None, None
     if args.model == "smollm2":
-        from policy_server.smollm2 import ModelBuildError, cached_smollm2
+        from policy_server.models.smollm2 import ModelBuildError, cached_smollm2
 
         try:
             model = cached_smollm2()

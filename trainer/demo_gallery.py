@@ -21,7 +21,7 @@ from typing import Any
 from agents.maze.env import Direction
 from agents.maze.gallery import Episode, episode_frames, strip_png
 from agents.maze.main import parse_maze
-from policy_server.chat_format import parse_tool_calls
+from policy_server.http.chat_format import parse_tool_calls
 from policy_server.trace import RolloutTrace
 from trainer.loop import PlayedRollout
 from trainer.metrics import MetricsLogger

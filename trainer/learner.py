@@ -13,7 +13,7 @@ parameters, their gradients and AdamW's moments stay float32 (peft's ``autocast_
 Token logprobs come from the last hidden states through :mod:`trainer.logprobs`, a chunk of
 completion positions at a time, so the [B, T, V] logits never exist at once.
 
-A vision-language model (``policy_server.vision_inputs.is_vision_model``) loads through
+A vision-language model (``policy_server.models.vision_inputs.is_vision_model``) loads through
 ``AutoModelForImageTextToText``; LoRA adapts its language model (``lora.adapt_vision`` widens it,
 :func:`trainer.vision.lora_targets`), and sequences that carry images get their pixels back from the
 run's image store and M-RoPE positions from the model (:func:`trainer.vision.batch_vision_inputs`).
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model
+from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model
 from trainer.grpo import grpo_loss
 from trainer.logprobs import chunked_token_logprobs, logit_transform
 from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch

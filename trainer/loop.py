@@ -37,12 +37,12 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.gateway_pool import serve_gateway
+from policy_server.workers.gateway_pool import serve_gateway
 from policy_server.image_store import ImageStore
 from policy_server.jobs import Rejection
-from policy_server.metrics import start_metrics_server
+from policy_server.http.metrics import start_metrics_server
 from policy_server.server import PolicyServer
-from policy_server.sigv4_token import SageMakerTokenPolicy
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
 from trainer.checkpoint import (
     DataPosition,
@@ -206,7 +206,7 @@ def _engine_asleep(run: _Run, asleep: bool) -> None:
 def _model_dir(config: TrainConfig, run_dir: Path) -> Path:
     if config.model is not None:
         return Path(config.model)
-    from policy_server.tiny_model import build_tiny_model
+    from policy_server.models.tiny import build_tiny_model
 
     target = run_dir / "tiny-model"
     if (target / "config.json").is_file():

@@ -90,7 +90,7 @@ class CallScorer:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from policy_server.chat_templates import load_tokenizer
+        from policy_server.models.chat_templates import load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir, chat_template)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

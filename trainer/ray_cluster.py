@@ -87,7 +87,7 @@ def start_local_cluster(num_cpus: int | None, **options: Any) -> None:
 
 def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = None) -> Engine:
     """The inference replicas ``config.ray`` asks for, each running ``config.engine``, as one engine."""
-    from policy_server.engines.ray_engine import RayEngine
+    from policy_server.engines.ray.engine import RayEngine
 
     settings = config.ray
     assert settings is not None

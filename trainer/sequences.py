@@ -8,7 +8,7 @@ mask 0, then the new completion with mask 1. A prompt that does not extend (a te
 history, a truncated context) starts a new sequence. Nothing is re-tokenised: the ids are the ones
 the policy server recorded.
 
-Images: a call's :class:`~policy_server.images.ImageRef` s place each image on a run of placeholder
+Images: a call's :class:`~policy_server.http.images.ImageRef` s place each image on a run of placeholder
 tokens of its prompt. Placeholders of two images of one size are the same ids, so a call extends a
 sequence only if the images inside the shared prefix are also the same (by sha256, at the same
 places); the added part's images join the sequence's list. Positions are the sequence's own, since
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from policy_server.images import ImageRef
+from policy_server.http.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
 
 if TYPE_CHECKING:

@@ -86,7 +86,7 @@ def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> Encod
     An assistant turn spans from the end of the generation prompt that precedes it to its end-of-turn
     token; the newline the template puts after that token is part of the next prompt, not sampled.
     """
-    from policy_server.chat_format import normalize_messages
+    from policy_server.http.chat_format import normalize_messages
 
     try:
         messages = normalize_messages(list(demonstration["messages"]))
@@ -195,8 +195,8 @@ def _trainee(
 ) -> Trainee:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from policy_server.chat_templates import load_tokenizer
-    from policy_server.vision_inputs import is_vision_model
+    from policy_server.models.chat_templates import load_tokenizer
+    from policy_server.models.vision_inputs import is_vision_model
     from trainer.sft_vision import vision_trainee
 
     tokenizer = load_tokenizer(model_dir, chat_template)
@@ -236,7 +236,7 @@ def run_sft(
 
     Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
     every step (progress display). ``chat_template`` replaces the model's own template (a shipped
-    name or a file, see ``policy_server.chat_templates``): use the one the policy server will use.
+    name or a file, see ``policy_server.models.chat_templates``): use the one the policy server will use.
     ``stop`` ends the run before ``steps`` once a held-out loss reaches its target.
     """
     from peft import LoraConfig, get_peft_model

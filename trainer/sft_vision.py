@@ -1,8 +1,8 @@
 """``rft sft`` on demonstrations with images, for a vision-language model (Qwen2-VL family).
 
 A demonstration's image parts (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,
-..."}}``, as agents send them) are decoded and checked as the gateway does (``policy_server.images``)
-and rendered by the chat template as one placeholder each. ``policy_server.vision_inputs`` then does
+..."}}``, as agents send them) are decoded and checked as the gateway does (``policy_server.http.images``)
+and rendered by the chat template as one placeholder each. ``policy_server.models.vision_inputs`` then does
 what the engines do: the image processor turns each image into patches and a grid, and the
 placeholder is repeated once per merged patch, so the warm start sees the prompt ids the policy
 server records. Placeholders are context, never loss. The model gets the pixel values, the grids and
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from policy_server.images import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
-from policy_server.vision_inputs import VisionInputs, load_model
+from policy_server.http.images import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
+from policy_server.models.vision_inputs import VisionInputs, load_model
 from trainer.sft import (
     IGNORE,
     DemonstrationError,

@@ -6,7 +6,7 @@ LoRA adapts the language model by default; the vision tower and its projector (Q
 projector (``projector``) or to the whole tower (``all``).
 
 A micro-batch's images are read back from the run's image store by hash (``TrainingSequence.images``)
-and go through the model's own image processor (:class:`policy_server.vision_inputs.VisionInputs`,
+and go through the model's own image processor (:class:`policy_server.models.vision_inputs.VisionInputs`,
 the hf engine's), so the learner feeds the model the pixels, grid sizes and M-RoPE positions the
 sampler fed it, and its token logprobs equal the sampler's.
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policy_server.vision_inputs import VisionInputs, position_ids
+from policy_server.models.vision_inputs import VisionInputs, position_ids
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore

@@ -1,0 +1,54 @@
+"""Inference engines behind one interface (``base.Engine``): the built-in hf engine (transformers +
+peft), vLLM as a separate server process, and inference replicas on Ray (``engines.ray``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> (module, attribute): imported on first use, so importing this package stays light.
+_LAZY: dict[str, tuple[str, str]] = {
+    "Engine": ("policy_server.engines.base", "Engine"),
+    "EngineOccupancy": ("policy_server.engines.base", "EngineOccupancy"),
+    "EngineStats": ("policy_server.engines.hf", "EngineStats"),
+    "GenerationRequest": ("policy_server.engines.base", "GenerationRequest"),
+    "GenerationResult": ("policy_server.engines.base", "GenerationResult"),
+    "HFEngine": ("policy_server.engines.hf", "HFEngine"),
+    "RayEngine": ("policy_server.engines.ray.engine", "RayEngine"),
+    "VLLMEngine": ("policy_server.engines.vllm", "VLLMEngine"),
+    "VLLMEngineError": ("policy_server.engines.vllm_server", "VLLMEngineError"),
+    "free_port": ("policy_server.engines.vllm_server", "free_port"),
+    "sample_tokens": ("policy_server.engines.hf_batch", "sample_tokens"),
+}
+
+if TYPE_CHECKING:
+    from policy_server.engines.base import Engine, EngineOccupancy, GenerationRequest, GenerationResult
+    from policy_server.engines.hf import EngineStats, HFEngine
+    from policy_server.engines.hf_batch import sample_tokens
+    from policy_server.engines.ray.engine import RayEngine
+    from policy_server.engines.vllm import VLLMEngine
+    from policy_server.engines.vllm_server import VLLMEngineError, free_port
+
+__all__ = [
+    "Engine",
+    "EngineOccupancy",
+    "EngineStats",
+    "GenerationRequest",
+    "GenerationResult",
+    "HFEngine",
+    "RayEngine",
+    "VLLMEngine",
+    "VLLMEngineError",
+    "free_port",
+    "sample_tokens",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value

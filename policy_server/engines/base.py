@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from policy_server.images import ImageInput
+from policy_server.http.images import ImageInput
 from policy_server.trace import LogprobsMode
 
 
@@ -17,7 +17,7 @@ class GenerationRequest:
     parts ``{"type": "text", "text": ...}`` and image parts ``{"type": "image_url", "image_url":
     {"url": "data:image/...;base64,..."}}``, the data URL exactly as the agent sent it), in user
     messages and tool results alike. ``images`` holds those images decoded and validated by the
-    gateway (``policy_server/images.py``), in the order their parts appear across ``messages``: the
+    gateway (``policy_server/http/images.py``), in the order their parts appear across ``messages``: the
     order of their placeholders in the rendered prompt. An engine feeds the model these (the hf
     engine their pixels, the vLLM engine the messages' data URLs) and never refetches or re-validates
     them. Engines that take images set ``supports_images = True`` and ``image_token_id`` (the

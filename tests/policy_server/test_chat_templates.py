@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from jinja2 import Template
 
-from policy_server.chat_templates import ChatTemplateError, chat_template_path, load_tokenizer
 from policy_server.engines.base import GenerationRequest
 from policy_server.engines.hf import HFEngine
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.tiny_model import CHAT_TEMPLATE
+from policy_server.models.chat_templates import ChatTemplateError, chat_template_path, load_tokenizer
+from policy_server.models.tiny import CHAT_TEMPLATE
 from trainer.config import ConfigError, load_config
 
 MARKED = "MARK{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

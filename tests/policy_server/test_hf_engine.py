@@ -15,8 +15,8 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from policy_server.engines import HFEngine, sample_tokens
 from policy_server.engines.base import GenerationRequest, GenerationResult
-from policy_server.engines.hf import HFEngine, sample_tokens
 
 T = TypeVar("T")
 

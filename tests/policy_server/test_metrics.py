@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from handlers.protocol import COMPLETE_ROLLOUT_PATH, JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
-from policy_server.metrics import start_metrics_server
+from policy_server.http.metrics import start_metrics_server
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/metrics"
 CHAT = "/v1/chat/completions"

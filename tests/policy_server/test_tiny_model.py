@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from policy_server.chat_format import normalize_messages, parse_tool_calls
-from policy_server.tiny_model import (
+from policy_server.http.chat_format import normalize_messages, parse_tool_calls
+from policy_server.models.model_cli import tiny_model_main as main
+from policy_server.models.tiny import (
     END_OF_TEXT,
     IM_END,
     IM_START,
@@ -22,7 +23,6 @@ from policy_server.tiny_model import (
     TOOL_RESPONSE_END,
     TOOL_RESPONSE_START,
     build_tiny_model,
-    main,
 )
 
 MOVE_TOOL = {

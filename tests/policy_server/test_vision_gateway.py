@@ -21,7 +21,7 @@ from strands.types.exceptions import MaxTokensReachedException
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
-from policy_server.images import ImageLimits
+from policy_server.http.images import ImageLimits
 from policy_server.trace import CallRecord
 from tests.vision_helpers import data_url, image_bytes, image_part, strands_image_history
 
@@ -117,7 +117,7 @@ def test_sampled_logprobs_are_the_models_own_for_the_image_prompt(
     served: tuple[PolicyServer, ServerThread], tiny_vision_dir: Path
 ) -> None:
     """A teacher-forced forward (pixels and M-RoPE positions rebuilt) gives the recorded logprobs."""
-    from policy_server.vision_inputs import VisionInputs, load_model, position_ids
+    from policy_server.models.vision_inputs import VisionInputs, load_model, position_ids
 
     server, thread = served
     body = {
@@ -196,7 +196,7 @@ def test_image_and_text_calls_share_batches_and_sample_as_they_would_alone(tiny_
     import asyncio
 
     from policy_server.engines.base import GenerationRequest
-    from policy_server.images import request_images
+    from policy_server.http.images import request_images
 
     def request(content: Any, seed: int) -> GenerationRequest:
         messages = [{"role": "user", "content": content}]

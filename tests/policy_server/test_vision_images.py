@@ -1,4 +1,4 @@
-"""policy_server/images.py and image_store.py: every image part is decoded and checked, or refused
+"""policy_server/http/images.py and image_store.py: every image part is decoded and checked, or refused
 with a sentence; images are stored once per content and removed with the last trace using them."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from policy_server.image_store import ImageStore, trace_key
-from policy_server.images import (
+from policy_server.http.images import (
     ImageError,
     ImageLimits,
     image_from_url,
     locate_images,
     request_images,
 )
+from policy_server.image_store import ImageStore, trace_key
 from tests.vision_helpers import data_url, image_bytes, image_part
 
 LIMITS = ImageLimits(max_image_bytes=64 * 1024, max_images_per_call=3, max_image_pixels=256 * 256)

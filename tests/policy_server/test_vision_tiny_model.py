@@ -8,10 +8,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoImageProcessor, AutoTokenizer
 
-from policy_server.images import ImageLimits, image_from_bytes
-from policy_server.model_cli import main as model_main
-from policy_server.tiny_vision import IMAGE_PAD, VISION_END, VISION_START
-from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
+from policy_server.http.images import ImageLimits, image_from_bytes
+from policy_server.models.model_cli import main as model_main
+from policy_server.models.tiny_vision import IMAGE_PAD, VISION_END, VISION_START
+from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 from tests.vision_helpers import image_bytes, image_part
 
 MOVE = {

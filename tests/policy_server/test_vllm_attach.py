@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from policy_server.engines.vllm import _free_port
+from policy_server.engines.vllm_server import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.vllm
 def plain_vllm(
     tiny_model_dir: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
     log = (tmp_path_factory.mktemp("vllm") / "vllm.log").open("wb")

@@ -26,11 +26,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.gateway_pool import GatewayPool
+from policy_server.models.tiny import build_tiny_model
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
-from policy_server.tiny_model import build_tiny_model
 from policy_server.trace import CallRecord
+from policy_server.workers.gateway_pool import GatewayPool
 from tests.teacher_forcing import teacher_forced_logprobs
 
 pytestmark = pytest.mark.vllm
@@ -367,7 +367,7 @@ def test_attaching_adopts_the_served_name_and_the_batch_shows_in_metrics(
     assert samples["rftkit_engine_running"] == 0 and samples["rftkit_engine_waiting"] == 0
 
 
-# Several gateway workers (policy_server.gateway_pool), attached to this module's vLLM: no second vLLM.
+# Several gateway workers (policy_server.workers.gateway_pool), attached to this module's vLLM: no second vLLM.
 
 AGENT_KEY, ADMIN_KEY = "agent-key", "admin-key"
 POOL_JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/gateway-pool"

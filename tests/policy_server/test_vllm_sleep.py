@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from policy_server.engines.vllm import LORA_METRIC, VLLMEngine, VLLMEngineError
+from policy_server.engines.vllm import LORA_METRIC, VLLMEngine
+from policy_server.engines.vllm_server import VLLMEngineError
 
 # What an attached vLLM started with LoRA answers to the engine's start-up check (its served name,
 # the LoRA metric, an unknown adapter's unload): the same as the real server, and not recorded.

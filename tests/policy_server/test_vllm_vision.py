@@ -25,8 +25,9 @@ from strands.models.openai import OpenAIModel
 from strands.types.exceptions import MaxTokensReachedException
 
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from policy_server.engines.vllm import VLLM_SITE_DIR, VLLMEngine
-from policy_server.images import ImageLimits
+from policy_server.engines.vllm import VLLMEngine
+from policy_server.engines.vllm_server import VLLM_SITE_DIR
+from policy_server.http.images import ImageLimits
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
@@ -58,7 +59,7 @@ def _headers(rollout_id: str) -> dict[str, str]:
 
 def _teacher_forced(model: Any, server: PolicyServer, model_dir: Path, call: CallRecord) -> torch.Tensor:
     """The learner's logprobs of the call's completion: the stored images' pixels, M-RoPE positions."""
-    from policy_server.vision_inputs import VisionInputs, position_ids
+    from policy_server.models.vision_inputs import VisionInputs, position_ids
 
     pixels = VisionInputs(model_dir, model.config).pixels(
         [server.image_store.image(r.sha256) for r in call.images]
@@ -99,7 +100,7 @@ def _strands_call(thread: ServerThread, rollout_id: str) -> Agent:
 def test_strands_images_reach_vllm_and_the_learner_recomputes_its_logprobs(
     served: tuple[PolicyServer, ServerThread], tiny_vision_dir: Path
 ) -> None:
-    from policy_server.vision_inputs import load_model
+    from policy_server.models.vision_inputs import load_model
 
     server, thread = served
     agent = _strands_call(thread, "strands")

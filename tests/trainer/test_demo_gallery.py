@@ -14,7 +14,7 @@ from agents.maze.dataset import eval_rows, row_maze
 from agents.maze.env import MazeGame
 from agents.maze.picture import game_png
 from agents.maze.solver import shortest_path
-from policy_server.chat_templates import load_tokenizer
+from policy_server.models.chat_templates import load_tokenizer
 from policy_server.trace import CallRecord, RolloutTrace
 from trainer.demo_gallery import EpisodeGallery, trace_moves
 from trainer.fanout import RolloutOutcome, RolloutRequest

@@ -19,8 +19,8 @@ import ray
 
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
-from policy_server.chat_api import ChatCompletionRequest
-from policy_server.engines.ray_engine import RayEngine
+from policy_server.http.chat_api import ChatCompletionRequest
+from policy_server.engines.ray.engine import RayEngine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from tests.trainer.agent_apps import letters

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoConfig
 
 from agents.maze.demonstrations import maze_demonstrations
-from policy_server.chat_templates import load_tokenizer
-from policy_server.vision_inputs import VisionInputs
+from policy_server.models.chat_templates import load_tokenizer
+from policy_server.models.vision_inputs import VisionInputs
 from trainer.sft import DemonstrationError, encode_demonstration, run_sft
 from trainer.sft_vision import encode_vision_demonstration
 
@@ -51,7 +51,7 @@ def test_a_remote_image_is_refused_as_the_gateway_refuses_it(tiny_vision_dir: Pa
 def test_vision_sft_lowers_the_loss_and_adapts_the_tower(tiny_vision_dir: Path, tmp_path: Path) -> None:
     from peft import PeftModel
 
-    from policy_server.vision_inputs import load_model
+    from policy_server.models.vision_inputs import load_model
 
     result = run_sft(
         tiny_vision_dir,

@@ -15,7 +15,7 @@ import torch
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
-from policy_server.images import ImageRef
+from policy_server.http.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
 from tests.vision_helpers import image_bytes, image_part
 from trainer.config import LoraConfig, TrainConfig
@@ -151,7 +151,7 @@ def test_same_placeholder_ids_with_another_image_start_a_new_sequence() -> None:
 
 
 def test_lora_adapts_the_language_model_unless_told_to_adapt_vision(tiny_vision_dir: Path) -> None:
-    from policy_server.vision_inputs import load_model
+    from policy_server.models.vision_inputs import load_model
 
     model = load_model(tiny_vision_dir)
     default = lora_targets(model, LoraConfig())

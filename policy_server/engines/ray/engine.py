@@ -4,7 +4,7 @@ The gateway (``PolicyServer``) stays the single endpoint agents call; this engin
 actors and
 
 - routes each rollout's calls to one replica (sticky, for its prefix cache) and new rollouts to the
-  live replica with the fewest outstanding calls (:class:`~policy_server.engines.routing.StickyRouter`);
+  live replica with the fewest outstanding calls (:class:`~policy_server.engines.ray.routing.StickyRouter`);
 - loads an adapter version into every live replica before ``load_adapter`` returns, so the gateway
   makes a version current for new rollouts only once all live replicas hold it;
 - fails over: a call whose replica dies is sent again to another live replica (it had not been
@@ -29,8 +29,8 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_server.engines.adapter_files import read_adapter
 from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
-from policy_server.engines.ray_replica import MissingAdapter, Replica
-from policy_server.engines.routing import NoLiveReplica, StickyRouter
+from policy_server.engines.ray.replica import MissingAdapter, Replica
+from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from policy_server.images import ImageInput
+from policy_server.http.images import ImageInput
 
 
 def is_vision_model(model_config: Any) -> bool:

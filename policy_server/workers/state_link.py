@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from policy_server.jobs import Rejection
+from policy_server.errors import Rejection
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """One gateway worker process: the gateway's routes on a shared listening socket, job state elsewhere.
 
-Started by :class:`~policy_server.gateway_pool.GatewayPool` (never by hand) with its settings in
+Started by :class:`~policy_server.workers.gateway_pool.GatewayPool` (never by hand) with its settings in
 the ``RFTKIT_GATEWAY_WORKER`` variable (it holds the keys, so not on the command line). The worker
 attaches to the vLLM server the state process started and serves the unchanged gateway
-(:func:`~policy_server.gateway.build_app`) over a :class:`WorkerPolicyServer`, whose registry and
-adapter versions live in the state process (:mod:`policy_server.remote_state`).
+(:func:`~policy_server.http.app.build_app`) over a :class:`WorkerPolicyServer`, whose registry and
+adapter versions live in the state process (:mod:`policy_server.workers.remote_state`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel
 
-from handlers.serving import HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS, protocol_with_header_timeout
+from handlers import HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS, protocol_with_header_timeout
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.remote_state import RemoteRegistry, RemoteVersions
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.server import PolicyServer
-from policy_server.sigv4_token import SageMakerTokenPolicy
-from policy_server.state_link import StateClient
+from policy_server.workers.remote_state import RemoteRegistry, RemoteVersions
+from policy_server.workers.state_link import StateClient
 
 WORKER_ENV = "RFTKIT_GATEWAY_WORKER"
 # How often a worker checks that the process that started it is still alive.

@@ -2,11 +2,11 @@
 
 One gateway process tops out at one core of Python (HTTP parsing, JSON, pydantic, the call to vLLM);
 behind it, vLLM's replicas do not. :class:`GatewayPool` binds the agents' port here and hands the
-listening socket to ``workers`` processes (:mod:`policy_server.gateway_worker`); the kernel gives
+listening socket to ``workers`` processes (:mod:`policy_server.workers.gateway_worker`); the kernel gives
 each accepted connection to one of them. The :class:`~policy_server.server.PolicyServer` the trainer
 holds stays in this process with its registry and adapter versions, so the trainer's in-process API
 (``open_job``, ``open_rollout``, ``take_trace``, ``counters``, ``load_adapter``) is unchanged; the
-workers reach that state over Unix-socket links (:mod:`policy_server.state_link`) answered on this
+workers reach that state over Unix-socket links (:mod:`policy_server.workers.state_link`) answered on this
 process's event loop.
 
 Why the state stays in one place: a rollout's calls may arrive on any connection, hence any
@@ -35,14 +35,14 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from handlers.serving import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S
+from handlers import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, LoopThread
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.gateway_worker import WORKER_ENV, WorkerSettings
 from policy_server.jobs import CallTicket
 from policy_server.running import ServerThread, exposure_warning
 from policy_server.server import PolicyServer
-from policy_server.state_link import Handler, serve_link
 from policy_server.trace import CallRecord
+from policy_server.workers.gateway_worker import WORKER_ENV, WorkerSettings
+from policy_server.workers.state_link import Handler, serve_link
 
 logger = logging.getLogger(__name__)
 ResultT = TypeVar("ResultT")
@@ -101,8 +101,7 @@ class GatewayPool:
         self._stopping = False
         self._dir: Path | None = None
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: LoopThread | None = None
         self._link_server: asyncio.AbstractServer | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -123,9 +122,7 @@ class GatewayPool:
         self._dir = Path(tempfile.mkdtemp(prefix="rftkit-gateway-"))  # mode 0700: the link is private
         self._sock = _listening_socket(self.host, self.port)
         self.port = self._sock.getsockname()[1]
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="gateway state", daemon=True)
-        self._thread.start()
+        self._thread = LoopThread("gateway state").start()
         try:
             self.run(self._open())
             for worker in self.workers:
@@ -140,23 +137,20 @@ class GatewayPool:
 
     def run(self, coro: Coroutine[Any, Any, ResultT], timeout: float | None = None) -> ResultT:
         """Run a coroutine on the pool's event loop (the engine's) and return its result."""
-        if self._loop is None:
+        if self._thread is None:
             coro.close()
             raise RuntimeError("The gateway pool is not running: call start() first.")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._thread.run(coro, timeout)
 
     def stop(self) -> None:
         """Stop the workers, then the link and the engine; safe to call twice."""
         self._stopping = True
         _terminate([worker.process for worker in self.workers if worker.process is not None])
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             try:
                 self.run(self._close(), timeout=STOP_TIMEOUT_S)
             finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join(STOP_TIMEOUT_S)
-            if not self._thread.is_alive():
-                self._loop.close()
+                self._thread.stop(STOP_TIMEOUT_S)
         if self._sock is not None:
             self._sock.close()
         if self._dir is not None:
@@ -308,7 +302,7 @@ class GatewayPool:
         env = dict(os.environ, **{WORKER_ENV: self._settings(worker).model_dump_json()})
         with open(worker.log, "ab") as log:
             worker.process = subprocess.Popen(
-                [sys.executable, "-m", "policy_server.gateway_worker"],
+                [sys.executable, "-m", "policy_server.workers.gateway_worker"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

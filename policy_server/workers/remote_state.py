@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from handlers.protocol import RolloutStatus
+from handlers import RolloutStatus
 from policy_server.jobs import CallTicket, JobLimits
-from policy_server.state_link import StateClient
 from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
+from policy_server.workers.state_link import StateClient
 
 # Rollouts remembered as open per worker; older ones are simply asked about again.
 OPEN_ROLLOUTS_CACHED = 65_536

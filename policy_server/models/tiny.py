@@ -4,19 +4,18 @@ Tests and the CPU demo use these instead of downloading weights. The result load
 (``AutoModelForCausalLM`` / ``AutoTokenizer``) and with vLLM (head_dim 64, plain Llama config,
 ``tokenizer_class: PreTrainedTokenizerFast``).
 
-``rft tiny-model OUT [--seed N] [--corpus FILE ...]`` builds one from the command line.
+``rft model tiny OUT [--seed N] [--corpus FILE ...]`` builds one from the command line
+(``policy_server/models/model_cli.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from policy_server.chat_templates import chat_template_text
+from policy_server.models.chat_templates import chat_template_text
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -31,7 +30,7 @@ TOOL_TAGS = (TOOL_CALL_START, TOOL_CALL_END, TOOL_RESPONSE_START, TOOL_RESPONSE_
 
 HEAD_DIM = 64
 
-# ChatML in the hermes/Qwen style, shipped as the `chatml-tools` template (policy_server/chat_templates
+# ChatML in the hermes/Qwen style, shipped as the `chatml-tools` template (policy_server/models/chat_templates
 # says why and how it is prefix-preserving).
 CHAT_TEMPLATE = chat_template_text("chatml-tools")
 
@@ -85,7 +84,21 @@ _PROSE = (
 
 def _example_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """(messages, tools) pairs covering every template feature: system, tools, calls, results."""
-    conversations: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    return [
+        *_weather_conversations(),
+        *_word_conversations(),
+        *_maze_conversations(),
+        *_arithmetic_conversations(),
+        ([{"role": "user", "content": text} for text in _PROSE[1:]], []),
+    ]
+
+
+Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def _weather_conversations() -> list[Conversation]:
+    """A system prompt, list-part user content, one tool call, its JSON result, an answer."""
+    conversations: list[Conversation] = []
     for index, city in enumerate(_CITIES):
         degrees = 10 + 3 * index
         conversations.append(
@@ -106,6 +119,12 @@ def _example_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, 
                 [_WEATHER],
             )
         )
+    return conversations
+
+
+def _word_conversations() -> list[Conversation]:
+    """Content beside a tool call, coloured results, a second call."""
+    conversations: list[Conversation] = []
     for index, word in enumerate(_WORDS):
         conversations.append(
             (
@@ -129,6 +148,12 @@ def _example_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, 
                 [_GUESS],
             )
         )
+    return conversations
+
+
+def _maze_conversations() -> list[Conversation]:
+    """Several tool-calling turns in a row, then an answer."""
+    conversations: list[Conversation] = []
     for index in range(8):
         path = [_DIRECTIONS[(index + step) % 4] for step in range(3)]
         messages: list[dict[str, Any]] = [
@@ -141,6 +166,12 @@ def _example_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, 
             )
         messages.append({"role": "assistant", "content": _PROSE[7]})
         conversations.append((messages, [_MOVE]))
+    return conversations
+
+
+def _arithmetic_conversations() -> list[Conversation]:
+    """Two parallel tool calls and two results in a row."""
+    conversations: list[Conversation] = []
     for a in range(1, 9):
         conversations.append(
             (
@@ -160,7 +191,6 @@ def _example_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, 
                 [_ADD, _WEATHER],
             )
         )
-    conversations.append(([{"role": "user", "content": text} for text in _PROSE[1:]], []))
     return conversations
 
 
@@ -301,36 +331,3 @@ def read_corpus(paths: list[Path]) -> list[str]:
         except OSError as exc:
             raise ValueError(f"cannot read corpus file {path}: {exc.strerror}") from exc
     return texts
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``rft tiny-model OUT``: build a tiny model directory offline."""
-    parser = argparse.ArgumentParser(prog="rft tiny-model", description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="directory to write the model into")
-    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
-    parser.add_argument(
-        "--corpus", type=Path, action="append", default=[], help="text file whose lines join the BPE corpus"
-    )
-    parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--intermediate-size", type=int, default=256)
-    parser.add_argument("--max-position-embeddings", type=int, default=2048)
-    args = parser.parse_args(argv)
-    try:
-        out = build_tiny_model(
-            args.out,
-            seed=args.seed,
-            corpus=read_corpus(args.corpus),
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            num_layers=args.num_layers,
-            num_heads=max(1, args.hidden_size // HEAD_DIM),
-            intermediate_size=args.intermediate_size,
-            max_position_embeddings=args.max_position_embeddings,
-        )
-    except (ValueError, OSError) as exc:
-        print(f"rft tiny-model: {exc}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy_server.engines.base import GenerationRequest, GenerationResult
-from policy_server.jobs import Rejection
+from policy_server.errors import Rejection
 
 # What a client may pass to the chat template: switches the templates in use read, as plain values.
 # Never a template (`chat_template`: a client's Jinja runs on the server) and never the tokenizer's

@@ -15,22 +15,19 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from policy_server.chat_templates import chat_template_text
-from policy_server.tiny_model import (
+from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.tiny import (
     END_OF_TEXT,
     HEAD_DIM,
     IM_END,
     _corpus_texts,
     _save_tokenizer,
     _train_tokenizer,
-    read_corpus,
 )
 
 VISION_START = "<|vision_start|>"
@@ -62,7 +59,7 @@ def _save_processor(out: Path) -> None:
     """Save the image processor (``preprocessor_config.json``).
 
     Only the image processor: transformers' ``Qwen2VLProcessor`` also wants a video processor, which
-    needs torchvision; ``policy_server/vision_inputs.py`` does the processor's one other job
+    needs torchvision; ``policy_server/models/vision_inputs.py`` does the processor's one other job
     (expanding each ``<|image_pad|>`` to the image's patch tokens) on token ids.
     """
     _image_processor().save_pretrained(out)
@@ -161,33 +158,3 @@ def build_tiny_vision_model(
     )
     model.save_pretrained(out, safe_serialization=True)
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``rft model tiny-vision OUT``: build a tiny vision-language model directory offline."""
-    parser = argparse.ArgumentParser(prog="rft model tiny-vision", description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="directory to write the model into")
-    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
-    parser.add_argument(
-        "--corpus", type=Path, action="append", default=[], help="text file whose lines join the BPE corpus"
-    )
-    parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--max-position-embeddings", type=int, default=2048)
-    args = parser.parse_args(argv)
-    try:
-        out = build_tiny_vision_model(
-            args.out,
-            seed=args.seed,
-            corpus=read_corpus(args.corpus),
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            num_layers=args.num_layers,
-            max_position_embeddings=args.max_position_embeddings,
-        )
-    except (ValueError, OSError) as exc:
-        print(f"rft model tiny-vision: {exc}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0

@@ -32,8 +32,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from handlers.protocol import RolloutStatus
-from handlers.serving import ServingThread
+from handlers import RolloutStatus, ServingThread
 from policy_server.engines.base import EngineOccupancy
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Ray restarts a dead replica by running its constructor again, so the constructor only records how
 to build the engine; the engine starts on the first call (``ready``), and the replica starts with no
-adapter: :class:`~policy_server.engines.ray_engine.RayEngine` loads the versions in use before it
+adapter: :class:`~policy_server.engines.ray.engine.RayEngine` loads the versions in use before it
 routes calls to it again, and a call for a version the replica lacks raises :class:`MissingAdapter`
 (never a silent fall-back to another version).
 """

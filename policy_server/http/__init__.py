@@ -1,0 +1,82 @@
+"""The gateway's HTTP layer: routes, credentials, request bodies and responses, the chat-completions
+wire format, images in requests, and the metrics port.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> (module, attribute): imported on first use, so importing this package stays light.
+_LAZY: dict[str, tuple[str, str]] = {
+    "AuthMiddleware": ("policy_server.http.auth", "AuthMiddleware"),
+    "ChatCompletionRequest": ("policy_server.http.chat_api", "ChatCompletionRequest"),
+    "CompletionIds": ("policy_server.http.chat_api", "CompletionIds"),
+    "SageMakerTokenPolicy": ("policy_server.http.sigv4_token", "SageMakerTokenPolicy"),
+    "ServerMetrics": ("policy_server.http.metrics", "ServerMetrics"),
+    "TokenRejected": ("policy_server.http.sigv4_token", "TokenRejected"),
+    "build_app": ("policy_server.http.app", "build_app"),
+    "check_token": ("policy_server.http.sigv4_token", "check_token"),
+    "completion_body": ("policy_server.http.chat_api", "completion_body"),
+    "describe_validation_error": ("policy_server.http.chat_api", "describe_validation_error"),
+    "error_response": ("policy_server.http.responses", "error_response"),
+    "generation_request": ("policy_server.http.chat_api", "generation_request"),
+    "normalize_messages": ("policy_server.http.chat_format", "normalize_messages"),
+    "parse_model": ("policy_server.http.bodies", "parse_model"),
+    "parse_request": ("policy_server.http.chat_api", "parse_request"),
+    "parse_token": ("policy_server.http.sigv4_token", "parse_token"),
+    "parse_tool_calls": ("policy_server.http.chat_format", "parse_tool_calls"),
+    "read_body": ("policy_server.http.bodies", "read_body"),
+    "start_metrics_server": ("policy_server.http.metrics", "start_metrics_server"),
+    "stream_chunks": ("policy_server.http.chat_api", "stream_chunks"),
+}
+
+if TYPE_CHECKING:
+    from policy_server.http.app import build_app
+    from policy_server.http.auth import AuthMiddleware
+    from policy_server.http.bodies import parse_model, read_body
+    from policy_server.http.chat_api import (
+        ChatCompletionRequest,
+        CompletionIds,
+        completion_body,
+        describe_validation_error,
+        generation_request,
+        parse_request,
+        stream_chunks,
+    )
+    from policy_server.http.chat_format import normalize_messages, parse_tool_calls
+    from policy_server.http.metrics import ServerMetrics, start_metrics_server
+    from policy_server.http.responses import error_response
+    from policy_server.http.sigv4_token import SageMakerTokenPolicy, TokenRejected, check_token, parse_token
+
+__all__ = [
+    "AuthMiddleware",
+    "ChatCompletionRequest",
+    "CompletionIds",
+    "SageMakerTokenPolicy",
+    "ServerMetrics",
+    "TokenRejected",
+    "build_app",
+    "check_token",
+    "completion_body",
+    "describe_validation_error",
+    "error_response",
+    "generation_request",
+    "normalize_messages",
+    "parse_model",
+    "parse_request",
+    "parse_token",
+    "parse_tool_calls",
+    "read_body",
+    "start_metrics_server",
+    "stream_chunks",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value

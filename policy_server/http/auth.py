@@ -1,0 +1,76 @@
+"""``AuthMiddleware``: the gateway's two credentials and the two surfaces they open."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from policy_server.http.responses import error_response
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
+
+ADMIN_PREFIX = "/admin/"
+
+ADMIN_NOT_SERVED = (
+    "Admin operations are not served over HTTP by this server: the trainer runs them in process. "
+    "Start `rft serve` with --admin-key to serve them to the holder of that key."
+)
+
+
+def _bearer(scope: Scope) -> bytes:
+    return dict(scope["headers"]).get(b"authorization", b"")
+
+
+def _matches(given: bytes, key: str | None) -> bool:
+    return key is not None and hmac.compare_digest(given, f"Bearer {key}".encode())
+
+
+class AuthMiddleware:
+    """Two credentials, two surfaces: the agents' key opens ``/v1/*``, the feedback routes and
+    ``/health``; only the admin key opens ``/admin/*``, and without one ``/admin/*`` is not served.
+
+    An agent holds whatever the trainer hands it, so its key must never reach the trainer's
+    operations (close a job, take a trace, load an adapter).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        admin_key: str | None,
+        sagemaker_tokens: SageMakerTokenPolicy | None = None,
+    ) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.admin_key = admin_key
+        self.sagemaker_tokens = sagemaker_tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope["path"], _bearer(scope))
+            if refusal is not None:
+                await error_response(scope["path"], *refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, path: str, given: bytes) -> tuple[int, str] | None:
+        if path.startswith(ADMIN_PREFIX) or path == ADMIN_PREFIX.rstrip("/"):
+            if self.admin_key is None:
+                return 403, ADMIN_NOT_SERVED
+            if _matches(given, self.admin_key):
+                return None
+            if _matches(given, self.api_key):
+                return 403, "This is the agents' key: admin operations need the admin key."
+            return 401, "Missing or wrong admin key: send the header 'Authorization: Bearer <admin key>'."
+        if (self.api_key is None and self.sagemaker_tokens is None) or _matches(given, self.api_key):
+            return None
+        key_refusal = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
+        if self.sagemaker_tokens is None:
+            return 401, key_refusal
+        # The agents' routes also take the bearer tokens AWS's SageMaker SDK signs (checked offline).
+        token_refusal = self.sagemaker_tokens.refusal(given.decode("latin-1"))
+        if token_refusal is None:
+            return None
+        if self.api_key is None:
+            return 401, f"SageMaker token refused: {token_refusal}."
+        return 401, f"{key_refusal[:-1]}, or a SageMaker token (refused: {token_refusal})."

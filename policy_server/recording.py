@@ -1,0 +1,58 @@
+"""One served call as the trace records it: the engine's exact ids and logprobs, the sampling
+settings, and the request's messages (clipped, image data replaced by the images' hashes)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from policy_server.engines.base import GenerationRequest, GenerationResult
+from policy_server.http.images import ImageInput, ImageRef
+from policy_server.trace import CallRecord, clipped_for_record
+
+
+def without_image_data(messages: list[dict[str, Any]], images: list[ImageInput]) -> list[dict[str, Any]]:
+    """``messages`` with each image's data URL replaced by ``sha256:<hex>`` (the bytes are in the store).
+
+    ``images`` are the messages' image parts decoded, in the same order (``request_images``).
+    """
+    if not images:
+        return messages
+    hashes = iter(image.sha256 for image in images)
+    recorded = copy.deepcopy(messages)
+    for message in recorded:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if part.get("type") == "image_url":
+                part["image_url"] = {"url": f"sha256:{next(hashes)}"}
+    return recorded
+
+
+def call_record(
+    generation: GenerationRequest,
+    result: GenerationResult,
+    *,
+    index: int,
+    adapter_version: int,
+    started_at: float,
+    finished_at: float,
+    images: list[ImageRef] | None = None,
+) -> CallRecord:
+    """The record of one served call: the engine's exact ids and logprobs, the request's sampling
+    settings, its messages clipped and with image data replaced by the images' hashes."""
+    return CallRecord(
+        index=index,
+        prompt_token_ids=list(result.prompt_token_ids),
+        completion_token_ids=list(result.completion_token_ids),
+        completion_logprobs=list(result.completion_logprobs),
+        logprobs_mode=result.logprobs_mode,
+        adapter_version=adapter_version,
+        finish_reason=result.finish_reason,
+        started_at=started_at,
+        finished_at=finished_at,
+        temperature=generation.temperature,
+        top_p=generation.top_p,
+        messages=clipped_for_record(without_image_data(generation.messages, generation.images)),
+        tools=generation.tools,
+        images=images or [],
+    )
