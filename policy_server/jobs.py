@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -30,12 +31,17 @@ class JobLimits:
     # How many rollouts an auto-opening job holds at once: each one's trace stays until taken, and any
     # caller can name a fresh id, so without a cap one client could grow the server's memory for good.
     max_open_rollouts: int = 1024
+    # An auto-opened rollout without a call or a report for this long is forgotten when its slot is
+    # needed (nobody takes the traces of an open job's rollouts, so they would hold the cap for good).
+    idle_rollout_s: float = 600.0
 
 
 @dataclass
 class _Rollout:
     trace: RolloutTrace
     calls_started: int = 0
+    auto_opened: bool = False
+    last_active: float = field(default_factory=time.monotonic)
     # (start sequence number, record): calls are ordered by when the gateway received them.
     records: list[tuple[int, CallRecord]] = field(default_factory=list)
 
@@ -76,6 +82,8 @@ class JobRegistry:
             raise Rejection(
                 400, "max_tokens, max_calls_per_rollout and max_open_rollouts must be at least 1."
             )
+        if not limits.idle_rollout_s > 0:
+            raise Rejection(400, "idle_rollout_s must be more than 0 seconds.")
         with self._lock:
             if job_arn in self._jobs:
                 raise Rejection(409, f"Job {job_arn!r} is already open; close it before opening it again.")
@@ -125,6 +133,7 @@ class JobRegistry:
                     "max_calls_per_rollout; end the episode.",
                 )
             rollout.calls_started += 1
+            rollout.last_active = time.monotonic()
             return CallTicket(
                 job_arn, rollout_id, next(self._sequence), job.limits, call_number=rollout.calls_started - 1
             )
@@ -141,6 +150,7 @@ class JobRegistry:
             rollout = job.rollouts.get(ticket.rollout_id)
             if rollout is not None:
                 rollout.records.append((ticket.sequence, record))
+                rollout.last_active = time.monotonic()
 
     def reject_call(self, job_arn: str | None, rollout_id: str | None) -> None:
         """Count a refused call against its job and rollout, where those are known."""
@@ -154,12 +164,18 @@ class JobRegistry:
                 rollout.trace.rejected_calls += 1
 
     def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
+        """The agent's report on a rollout its calls (or the trainer) opened; it opens none itself."""
         with self._lock:
-            self._rollout(job_arn, rollout_id).trace.status = status.value
+            rollout = self._open_rollout(job_arn, rollout_id)
+            rollout.trace.status = status.value
+            rollout.last_active = time.monotonic()
 
     def update_reward(self, job_arn: str, rollout_id: str, rewards: list[float]) -> None:
+        """The agent's reward for a rollout its calls (or the trainer) opened; it opens none itself."""
         with self._lock:
-            self._rollout(job_arn, rollout_id).trace.rewards = list(rewards)
+            rollout = self._open_rollout(job_arn, rollout_id)
+            rollout.trace.rewards = list(rewards)
+            rollout.last_active = time.monotonic()
 
     def take_trace(self, job_arn: str, rollout_id: str) -> RolloutTrace:
         """Hand the rollout's trace over and forget it; later calls for the rollout are refused."""
@@ -195,22 +211,47 @@ class JobRegistry:
             raise Rejection(400, JOB_NOT_FOUND_MESSAGE)
         return job
 
+    def _open_rollout(self, job_arn: str, rollout_id: str) -> _Rollout:
+        """A rollout already open in the job; never opens one."""
+        job = self._job(job_arn)
+        rollout = job.rollouts.get(rollout_id)
+        if rollout is None:
+            raise self._missing_rollout(job, rollout_id)
+        return rollout
+
     def _rollout(self, job_arn: str, rollout_id: str) -> _Rollout:
+        """A rollout open in the job; an auto-opening job opens it (for a chat call only)."""
         job = self._job(job_arn)
         rollout = job.rollouts.get(rollout_id)
         if rollout is not None:
             return rollout
         if job.limits.auto_open_rollouts and rollout_id and rollout_id not in job.finished:
             if len(job.rollouts) >= job.limits.max_open_rollouts:
+                self._forget_idle(job)
+            if len(job.rollouts) >= job.limits.max_open_rollouts:
                 raise Rejection(
                     429,
                     f"This job already holds {len(job.rollouts)} open rollouts, its cap; take the "
                     "traces of finished ones (or raise the cap) before starting more.",
                 )
-            rollout = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id))
+            rollout = _Rollout(trace=RolloutTrace(job_arn=job_arn, rollout_id=rollout_id), auto_opened=True)
             job.rollouts[rollout_id] = rollout
             return rollout
         raise self._missing_rollout(job, rollout_id)
+
+    def _forget_idle(self, job: _Job) -> None:
+        """Drop the job's auto-opened rollouts idle past ``idle_rollout_s``; their ids count as finished."""
+        cutoff = time.monotonic() - job.limits.idle_rollout_s
+        idle = [
+            key
+            for key, rollout in job.rollouts.items()
+            if rollout.auto_opened and rollout.last_active < cutoff
+        ]
+        for rollout_id in idle:
+            del job.rollouts[rollout_id]
+            job.finished[rollout_id] = None
+        while len(job.finished) > self._finished_ids_kept:
+            job.finished.popitem(last=False)
 
     @staticmethod
     def _missing_rollout(job: _Job, rollout_id: str) -> Rejection:

@@ -25,6 +25,7 @@ import policy_server.http.bodies as bodies
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
+from policy_server.jobs import JobLimits, JobRegistry, Rejection
 from policy_server.trace import RECORDED_TEXT_CHARS
 
 API_KEY = "agents-key"
@@ -268,9 +269,50 @@ def test_an_auto_opening_job_caps_its_rollouts_and_opens_only_valid_ones(
         over = call("r3", _chat())
         assert over.status_code == 429 and "open rollouts" in _sentence(over)
         feedback = {"JobArn": job, "TrajectoryId": "r4", "Rewards": [1.0]}
-        assert client.post("/update-reward", json=feedback, headers=AGENT).status_code == 429
+        assert client.post("/update-reward", json=feedback, headers=AGENT).status_code == 404
         assert call("r0", _chat()).status_code == 200  # open ones still play
     server.close_job(job)
+
+
+def test_feedback_with_fresh_ids_opens_no_rollout_and_idle_ones_expire(
+    served: tuple[PolicyServer, ServerThread],
+) -> None:
+    """1,100 reports naming fresh rollout ids on an open job (cap 1,024) open nothing: a new rollout
+    is still served. Rollouts a job opened on its own and left idle give their slots back."""
+    server, thread = served
+    job = "job-feedback"
+    server.open_job(job, max_tokens=4, auto_open_rollouts=True)
+    with httpx.Client(base_url=thread.url, headers=AGENT, timeout=60) as client:
+        for index in range(1100):
+            ids = {"JobArn": job, "TrajectoryId": f"fresh-{index}"}
+            route, body = (
+                ("/update-reward", {**ids, "Rewards": [1.0]})
+                if index % 2
+                else ("/complete-rollout", {**ids, "Status": "ready"})
+            )
+            answer = client.post(route, json=body)
+            assert answer.status_code == 404 and "not open" in _sentence(answer)
+        assert server.registry.open_rollout_count(job) == 0
+        chat = client.post("/v1/chat/completions", json=_chat(), headers=_chat_headers(job, "innocent"))
+        assert chat.status_code == 200
+    server.close_job(job)
+
+
+def test_an_open_jobs_idle_rollouts_give_their_slots_back() -> None:
+    registry = JobRegistry()
+    registry.open_job("job", JobLimits(auto_open_rollouts=True, max_open_rollouts=2, idle_rollout_s=0.2))
+    registry.start_call("job", "a")
+    registry.start_call("job", "b")
+    with pytest.raises(Rejection) as caught:
+        registry.start_call("job", "c")
+    assert caught.value.status_code == 429
+    time.sleep(0.3)
+    registry.start_call("job", "b")  # b is active again; a stays idle
+    registry.start_call("job", "c")  # takes a's slot
+    assert registry.open_rollout_count("job") == 2
+    with pytest.raises(Rejection) as caught:
+        registry.start_call("job", "a")
+    assert caught.value.status_code == 409  # forgotten ids count as finished
 
 
 def test_calls_and_feedback_reach_only_the_rollout_their_headers_name(
