@@ -89,3 +89,30 @@ class Engine(Protocol):
     async def load_adapter(self, version: int, path: str) -> None: ...
 
     async def unload_adapter(self, version: int) -> None: ...
+
+
+def text_chars(value: Any) -> int:
+    """Characters of text in a request's messages or tools: every string, keys and values, at any depth."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(key) + text_chars(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return sum(text_chars(item) for item in value)
+    return 0
+
+
+def prompt_too_long(request: GenerationRequest, context_tokens: int, longest_token_chars: int) -> str | None:
+    """Why the request cannot fit the context, judged from its text alone (before tokenising it), or None.
+
+    No token covers more than ``longest_token_chars`` characters, so text of more than
+    ``context_tokens * longest_token_chars`` characters is more tokens than the context holds. Images
+    are left out: their placeholders only add to the count.
+    """
+    chars = text_chars(request.messages) + text_chars(request.tools or [])
+    if chars <= context_tokens * longest_token_chars:
+        return None
+    return (
+        f"the prompt has {chars} characters of text, more than the model's {context_tokens}-token "
+        f"context can hold (no token covers more than {longest_token_chars} characters)"
+    )

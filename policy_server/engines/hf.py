@@ -53,7 +53,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import AutoConfig
 
 from policy_server.engines import batch_invariant
-from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
+from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult, prompt_too_long
 from policy_server.engines.hf_batch import Batch, Row
 from policy_server.engines.hf_decode import DecodeLoop
 from policy_server.http.chat_format import normalize_messages
@@ -121,6 +121,7 @@ class HFEngine(DecodeLoop):
         self._adapters: set[int] = set()
         self._stop_ids: set[int] = set()
         self._max_positions = 0
+        self._longest_token_chars = 1
         self._min_rows = 0
         self._cache_argument = "past_key_values"
         self._condition = threading.Condition()
@@ -169,6 +170,10 @@ class HFEngine(DecodeLoop):
         _validate(request)
         if request.adapter_version != 0 and request.adapter_version not in self._adapters:
             raise ValueError(f"adapter version {request.adapter_version} is not loaded")
+        # Refused before rendering: tokenising a prompt of megabytes would take seconds and gigabytes.
+        too_long = prompt_too_long(request, self._max_positions, self._longest_token_chars)
+        if too_long is not None:
+            raise ValueError(too_long)
         prompt_ids, pixels = await asyncio.to_thread(self._render, request)
         room = self._max_positions - len(prompt_ids)
         if room < 1:
@@ -349,6 +354,7 @@ class HFEngine(DecodeLoop):
         self._stop_ids.update([eos] if isinstance(eos, int) else (eos or []))
         text_config = model.config.get_text_config()
         self._max_positions = int(text_config.max_position_embeddings)
+        self._longest_token_chars = max(len(token) for token in self._tokenizer.get_vocab())
         self._min_rows = batch_invariant.min_gemm_rows()
         if self.batch_invariant:
             batch_invariant.pad_rows(self._model, self._min_rows)
