@@ -37,13 +37,13 @@ from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from policy_server.engines.base import Engine
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.workers.gateway_pool import serve_gateway
+from policy_server.http.metrics import start_metrics_server
+from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.image_store import ImageStore
 from policy_server.jobs import Rejection
-from policy_server.http.metrics import start_metrics_server
 from policy_server.server import PolicyServer
-from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
+from policy_server.workers.gateway_pool import serve_gateway
 from trainer.checkpoint import (
     DataPosition,
     LoadedCheckpoint,

@@ -85,6 +85,11 @@ def _validate(request: GenerationRequest) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {request.top_p}")
     if not request.messages:
         raise ValueError("messages must not be empty")
+    if request.tool_choice not in (None, "auto", "none"):
+        raise ValueError(
+            "tool_choice 'required' or a named function is not enforced by the hf engine (it has no "
+            "guided decoding); send 'auto' and check the reply, or serve with the vllm engine"
+        )
 
 
 class HFEngine(DecodeLoop):

@@ -266,6 +266,11 @@ class VLLMEngine(VLLMLauncher):
             raise VLLMEngineError(f"vLLM at {self._base_url} is unreachable: {exc}") from exc
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return self._parse_completion(await self._chat(self.request_body(request)))
+
+    def request_body(self, request: GenerationRequest) -> dict[str, Any]:
+        """The non-streaming chat call sent to vLLM: exact token ids and raw logprobs come back; the
+        request's tools and tool_choice (``required`` and named functions included) pass through."""
         body: dict[str, Any] = {
             "model": self.adapter_name(request.adapter_version),
             "messages": request.messages,
@@ -288,7 +293,7 @@ class VLLMEngine(VLLMLauncher):
             body["reasoning_effort"] = request.reasoning_effort
         if request.chat_template_kwargs:
             body["chat_template_kwargs"] = request.chat_template_kwargs
-        return self._parse_completion(await self._chat(body))
+        return body
 
     async def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._chat_session is None:

@@ -80,9 +80,9 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
     ids = CompletionIds(server.policy_name)
     if not chat.stream:
-        return JSONResponse(completion_body(result, ids))
+        return JSONResponse(completion_body(result, ids, logprobs=chat.logprobs))
     include_usage = chat.stream_options is not None and chat.stream_options.include_usage
-    chunks = stream_chunks(result, ids, include_usage=include_usage)
+    chunks = stream_chunks(result, ids, include_usage=include_usage, logprobs=chat.logprobs)
     return StreamingResponse(sse(chunks), media_type="text/event-stream")
 
 

@@ -93,7 +93,8 @@ class StreamOptions(_Strict):
 
 
 class ChatCompletionRequest(_Strict):
-    """The fields of ``POST /v1/chat/completions`` the policy server honours."""
+    """Every field of OpenAI's ``POST /v1/chat/completions``: each is honoured, accepted without effect
+    (documented), or refused with a 400 naming it (:func:`refusal`); docs/chat-api.md has the table."""
 
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -103,13 +104,31 @@ class ChatCompletionRequest(_Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     reasoning_effort: str | None = Field(default=None, max_length=MAX_TEMPLATE_VALUE_CHARS)
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # Fields that would change what is sampled in ways the learner cannot reproduce, or ask for what
+    # the policy cannot give: refused when set (refusal()).
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    # Accepted without effect on a self-hosted policy (OpenAI's storage, billing and batching).
+    user: str | None = Field(default=None, max_length=256)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = Field(default=None, max_length=64)
+    parallel_tool_calls: bool | None = None
 
     @field_validator("stop")
     @classmethod
@@ -138,9 +157,51 @@ class ChatCompletionRequest(_Strict):
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """Validate a request body, turning every problem into a 400 with a sentence."""
     try:
-        return ChatCompletionRequest.model_validate_json(body)
+        request = ChatCompletionRequest.model_validate_json(body)
     except ValidationError as error:
         raise Rejection(400, describe_validation_error(error)) from None
+    problem = refusal(request)
+    if problem is not None:
+        raise Rejection(400, problem)
+    return request
+
+
+# Why constrained or penalised sampling is refused: the trainer recomputes each sampled token's
+# probability from the policy alone, so a distribution changed by a grammar or a penalty would make
+# every recorded logprob disagree with the learner's.
+_NOT_THE_POLICY = (
+    "it changes what is sampled away from the policy's own distribution, which the trainer learns from"
+)
+
+
+def refusal(request: ChatCompletionRequest) -> str | None:
+    """The sentence refusing a field this server cannot honour, or None."""
+    format_type = (request.response_format or {}).get("type", "text")
+    checks = [
+        (request.n != 1, "n", "rftkit samples one choice per call; make n calls instead"),
+        (
+            format_type != "text",
+            f"response_format {format_type!r}",
+            f"constrained decoding is not offered because {_NOT_THE_POLICY}; ask for JSON in the prompt "
+            "and parse it in the agent",
+        ),
+        (bool(request.logit_bias), "logit_bias", f"it is refused because {_NOT_THE_POLICY}"),
+        (request.frequency_penalty != 0, "frequency_penalty", f"it is refused because {_NOT_THE_POLICY}"),
+        (request.presence_penalty != 0, "presence_penalty", f"it is refused because {_NOT_THE_POLICY}"),
+        (
+            bool(request.top_logprobs),
+            "top_logprobs",
+            "only the sampled tokens' logprobs are returned (logprobs: true)",
+        ),
+        (request.modalities not in (None, ["text"]), "modalities", "the policy answers in text only"),
+        (request.audio is not None, "audio", "the policy answers in text only"),
+        (request.prediction is not None, "prediction", "predicted outputs are not offered"),
+        (request.web_search_options is not None, "web_search_options", "the policy has no web search"),
+    ]
+    for refused, field, why in checks:
+        if refused:
+            return f"This policy server does not support {field}: {why}."
+    return None
 
 
 _BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -256,8 +317,22 @@ class CompletionIds:
         self.model = model
 
 
-def completion_body(result: GenerationResult, ids: CompletionIds) -> dict[str, Any]:
-    """A ``chat.completion`` object."""
+def sampled_logprobs(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's ``choice.logprobs`` for the sampled tokens, as the engine recorded them. Tokens are
+    named ``token_id:<id>`` (vLLM's ``--return-tokens-as-token-ids`` form): the gateway has no
+    tokenizer, and ids are what training uses."""
+    return {
+        "content": [
+            {"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+            for token, logprob in zip(result.completion_token_ids, result.completion_logprobs, strict=True)
+        ]
+    }
+
+
+def completion_body(
+    result: GenerationResult, ids: CompletionIds, *, logprobs: bool = False
+) -> dict[str, Any]:
+    """A ``chat.completion`` object; with ``logprobs``, the sampled tokens' logprobs."""
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
     tool_calls = _tool_calls(result)
     if tool_calls:
@@ -273,7 +348,7 @@ def completion_body(result: GenerationResult, ids: CompletionIds) -> dict[str, A
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": sampled_logprobs(result) if logprobs else None,
                 "finish_reason": result.finish_reason,
                 "token_ids": list(result.completion_token_ids),
             }
@@ -284,7 +359,7 @@ def completion_body(result: GenerationResult, ids: CompletionIds) -> dict[str, A
 
 
 def stream_chunks(
-    result: GenerationResult, ids: CompletionIds, *, include_usage: bool
+    result: GenerationResult, ids: CompletionIds, *, include_usage: bool, logprobs: bool = False
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects that stream one finished generation.
 
@@ -323,9 +398,10 @@ def stream_chunks(
         chunks.append(chunk({"content": result.content}))
     for index, call in enumerate(_tool_calls(result)):
         chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
-    chunks.append(
-        chunk({}, result.finish_reason, choice_extra={"token_ids": list(result.completion_token_ids)})
-    )
+    last: dict[str, Any] = {"token_ids": list(result.completion_token_ids)}
+    if logprobs:
+        last["logprobs"] = sampled_logprobs(result)
+    chunks.append(chunk({}, result.finish_reason, choice_extra=last))
     if include_usage:
         chunks.append(
             {

@@ -262,6 +262,21 @@ _FIELDS = [
     "tool_choice",
     "reasoning_effort",
     "chat_template_kwargs",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "modalities",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
 ]
 
 

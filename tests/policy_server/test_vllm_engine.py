@@ -367,7 +367,8 @@ def test_attaching_adopts_the_served_name_and_the_batch_shows_in_metrics(
     assert samples["rftkit_engine_running"] == 0 and samples["rftkit_engine_waiting"] == 0
 
 
-# Several gateway workers (policy_server.workers.gateway_pool), attached to this module's vLLM: no second vLLM.
+# Several gateway workers (policy_server.workers.gateway_pool), attached to this module's vLLM:
+# no second vLLM.
 
 AGENT_KEY, ADMIN_KEY = "agent-key", "admin-key"
 POOL_JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/gateway-pool"
