@@ -36,7 +36,7 @@ CONNECT_TIMEOUT_S = 10.0
 
 @functools.cache
 def shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context for every client this process makes: building one costs ~10-60 ms of CPU."""
+    """One TLS context for every client this process makes: building one costs milliseconds of CPU."""
     return httpx.create_ssl_context()
 
 

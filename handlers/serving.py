@@ -39,7 +39,7 @@ MAX_CONNECTIONS = 2048
 
 # Longer than clients keep idle connections (httpx, so the OpenAI client and Strands: 5 s). With
 # uvicorn's default of 5 s both ends close at once, and a call sent on a connection the server is
-# closing fails with a read error (seen in bench/soak.py on a loaded machine: 1 call in 320).
+# closing fails with a read error (bench/soak.py shows it on a loaded machine).
 KEEP_ALIVE_S = 65
 
 Hook = Callable[[], Awaitable[None]]
@@ -126,7 +126,7 @@ class ServingThread:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Accepted connections inherit this. Without it, Nagle's algorithm meets the client's delayed
-        # ACK and every call stalls ~40 ms (measured: 44 ms -> 0.7 ms per call through the gateway).
+        # ACK and every call stalls for the ACK timer (docs/benchmarks.md has the measurement).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((self.host, self.port))

@@ -3,19 +3,18 @@
 The hf engine batches whatever requests are waiting, and which requests those are depends on the
 agents' timing. Sampling is seeded per request, so a request samples the same tokens in any batch
 only if its logits are the same to the last bit in any batch. Three things break that on a CPU
-(measured with MKL, float32, ``tests/policy_server/test_batch_invariance.py``):
+(``tests/policy_server/test_batch_invariance.py`` checks each; docs/reproducibility.md has the story):
 
 - matrix products with few rows: BLAS computes full tiles of rows with one kernel and a short
   remainder (and a single row, a matrix-vector product) with others that add up in another order.
-  With 12 or more rows every row goes through the full-tile kernel on 2 threads (4 or more on one);
+  Past a few rows (how many depends on the thread count) every row goes through the full-tile kernel;
   :func:`pad_rows` pads the rows of every linear layer (and LoRA embedding) to
   :func:`min_gemm_rows` and drops the padding from the result;
 - matrix products of strided rows: the logits of a prefill are taken from each row's last position,
   a view whose rows lie a whole prompt apart, and torch multiplies such a view by another route than
-  the same rows stored contiguously (the last bits differ in every row). A prefill of fewer rows was
-  padded (a contiguous copy), one of 16 or more was not, so a row's first logprob depended on how
-  many prompts arrived with it (``tests/policy_server/test_batch_invariance.py``). :func:`pad_rows`
-  hands every layer contiguous rows;
+  the same rows stored contiguously (the last bits differ in every row), so a row's first logprob
+  would depend on how many prompts arrived with it. :func:`pad_rows` hands every layer contiguous
+  rows;
 - attention over a left-padded cache: the softmax sum and the weighted sum of values run over the
   padded length, so padding changes how the terms are grouped. :func:`rowwise_attention` attends
   each row over its own keys only (no padding), the same call whether the row is alone or not.

@@ -8,7 +8,7 @@ Every call is forwarded non-streaming (some vLLM versions drop token ids when st
 reasoning parsers; the gateway re-emits SSE itself) with ``return_token_ids`` and ``logprobs``, so
 the exact prompt ids, sampled ids and their logprobs come back with the parsed message. Those calls
 go through aiohttp, the rest (health, adapters, metrics) through httpx: per call, aiohttp's client
-spends about a quarter of httpx's CPU (bench/gateway_cpu.py), and this hop was the gateway's largest
+spends much less CPU than httpx's (docs/benchmarks.md, bench/gateway_cpu.py), and this hop was the gateway's largest
 cost per call.
 
 Images: for a vision-language model (a ``config.json`` with a ``vision_config`` and an
@@ -62,7 +62,7 @@ from policy_server.trace import LogprobsMode
 LORA_METRIC = "vllm:lora_requests_info"
 # vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default). A client
 # that keeps it as long can send a call just as the server closes it: the call fails with "Server
-# disconnected" (seen in tests/policy_server/test_vllm_engine.py on a busy machine, where vLLM's event
+# disconnected" (on a busy machine, where vLLM's event
 # loop runs its timer before reading the request). Letting idle connections go well before avoids it.
 CLIENT_KEEP_ALIVE_S = 2.0
 

@@ -325,8 +325,8 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit it: without it Nagle's algorithm stalls every call ~40 ms (see
-    # handlers.serving).
+    # Accepted connections inherit it: without it Nagle's algorithm meets the client's delayed ACK and
+    # stalls every call (see handlers.serving).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
