@@ -8,8 +8,8 @@ Every call is forwarded non-streaming (some vLLM versions drop token ids when st
 reasoning parsers; the gateway re-emits SSE itself) with ``return_token_ids`` and ``logprobs``, so
 the exact prompt ids, sampled ids and their logprobs come back with the parsed message. Those calls
 go through aiohttp, the rest (health, adapters, metrics) through httpx: per call, aiohttp's client
-spends much less CPU than httpx's (docs/benchmarks.md, bench/gateway_cpu.py), and this hop was the gateway's largest
-cost per call.
+spends much less CPU than httpx's (docs/benchmarks.md, bench/gateway_cpu.py), and this hop was the
+gateway's largest cost per call.
 
 Images: for a vision-language model (a ``config.json`` with a ``vision_config`` and an
 ``image_token_id``, e.g. Qwen2-VL) the engine takes images (``supports_images``). Messages go to vLLM
