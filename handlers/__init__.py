@@ -61,6 +61,7 @@ _LAZY: dict[str, str] = {
         ],
         "handlers.agent_client",
     ),
+    "http_url": "handlers.urls",
     # running servers and event loops in threads
     "LoopThread": "handlers.loop_thread",
     **dict.fromkeys(
@@ -126,6 +127,7 @@ if TYPE_CHECKING:
         protocol_with_header_timeout,
         serve_in_thread,
     )
+    from handlers.urls import http_url
 
 __all__ = [
     "AgentAnswer",
@@ -174,6 +176,7 @@ __all__ = [
     "rft_handler",
     "runtime_session_id",
     "serve_in_thread",
+    "http_url",
 ]
 
 

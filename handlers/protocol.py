@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from handlers.urls import http_url
 
 JOB_ARN_HEADER = "X-Amzn-SageMaker-Job-Arn"
 TRAJECTORY_ID_HEADER = "X-Amzn-SageMaker-Trajectory-Id"
@@ -85,18 +86,7 @@ class RolloutMetadata(BaseModel):
         value = value.strip().rstrip("/")
         if value.endswith("/v1"):
             value = value[: -len("/v1")]
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("endpoint must be an http:// or https:// URL")
-        if any(char.isspace() or not char.isprintable() for char in value):
-            raise ValueError("endpoint must not contain spaces or control characters")
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError when the port is out of range
-        except ValueError as error:
-            raise ValueError(f"endpoint is not a usable URL: {error}") from None
-        if not parts.hostname:
-            raise ValueError("endpoint must name a host")
-        return value
+        return http_url(value, "endpoint")
 
 
 class InferenceParams(BaseModel):
