@@ -14,7 +14,7 @@ _LAZY = {
     "train": "trainer.loop",
     "RunSummary": "trainer.loop",
     "TrainingError": "trainer.loop",
-    "Learner": "trainer.learner",
+    "Learner": "trainer.learner.learner",
 }
 
 __all__ = sorted(_LAZY)

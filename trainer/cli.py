@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft train: {error}", file=sys.stderr)
         return 2
     from trainer.loop import TrainingError, train
-    from trainer.placement import PlacementError
-    from trainer.plan import PlanError
+    from trainer.scale.placement import PlacementError
+    from trainer.scale.plan import PlanError
 
     try:
         summary = train(config, resume=args.resume)

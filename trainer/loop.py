@@ -11,7 +11,7 @@ which other rollouts happen to share its batch. Data order comes from the config
 dropout from the config seed and the step. Together with checkpoints of the optimizer and the data
 position, a run killed at any point and resumed ends with the same adapter as one never stopped.
 
-Rollouts play on their own event loop (:mod:`trainer.producer`); :mod:`trainer.pipeline` decides
+Rollouts play on their own event loop (:mod:`trainer.rollouts.producer`); :mod:`trainer.rollouts.pipeline` decides
 when each step's rollouts start and on which adapter: right before the step (synchronous, the
 default) or up to ``max_off_policy_steps`` steps ahead, while the learner trains (asynchronous).
 """
@@ -44,7 +44,10 @@ from policy_server.metrics import start_metrics_server
 from policy_server.server import PolicyServer
 from policy_server.sigv4_token import SageMakerTokenPolicy
 from policy_server.trace import RolloutTrace, TokenCounters
-from trainer.checkpoint import (
+from trainer.algo.grpo import group_advantages
+from trainer.algo.sequences import TrainingSequence, build_sequences, count_train_tokens
+from trainer.config import PolicyServerConfig, TrainConfig
+from trainer.learner.checkpoint import (
     DataPosition,
     LoadedCheckpoint,
     RunState,
@@ -52,10 +55,12 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.config import PolicyServerConfig, TrainConfig
-from trainer.dataset import PromptColumnError, select_prompts
-from trainer.evaluation import EvalResult, evaluate
-from trainer.fanout import (
+from trainer.learner.learner import Learner
+from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
+from trainer.ops.prometheus import StepExporter
+from trainer.rollouts.dataset import PromptColumnError, select_prompts
+from trainer.rollouts.evaluation import EvalResult, evaluate
+from trainer.rollouts.fanout import (
     FailureCounts,
     Fanout,
     RolloutOutcome,
@@ -63,18 +68,13 @@ from trainer.fanout import (
     group_is_trainable,
     mean_agent_metrics,
 )
-from trainer.grpo import group_advantages
-from trainer.learner import Learner
-from trainer.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
-from trainer.pipeline import RolloutPipeline, adapter_dirs
-from trainer.placement import Placement, cuda_visible_devices
-from trainer.plan import preflight
-from trainer.producer import PlayedRollout, RolloutProducer
-from trainer.prometheus import StepExporter
-from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
+from trainer.rollouts.pipeline import RolloutPipeline, adapter_dirs
+from trainer.rollouts.producer import PlayedRollout, RolloutProducer
+from trainer.scale.placement import Placement, cuda_visible_devices
+from trainer.scale.plan import preflight
 
 if TYPE_CHECKING:
-    from trainer.distributed import RayLearner
+    from trainer.learner.distributed import RayLearner
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def next_rows(
 
 def build_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
     if config.ray is not None:
-        from trainer.ray_cluster import ray_engine
+        from trainer.scale.ray_cluster import ray_engine
 
         # Named after the run, so `ray list actors` shows whose replicas these are.
         return ray_engine(
@@ -475,8 +475,8 @@ def train(
         if config.ray is None:
             return _train(config, resume, on_evaluation)
         # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
-        from trainer.distributed import train_with_auto_resume
-        from trainer.ray_cluster import ray_cluster
+        from trainer.learner.distributed import train_with_auto_resume
+        from trainer.scale.ray_cluster import ray_cluster
 
         with ray_cluster(config.ray):
             return train_with_auto_resume(
@@ -592,7 +592,7 @@ def _open_run(config: TrainConfig, resume: bool) -> _Run:
     if config.ray is None:
         learner = Learner(model_dir, config, placement=placement, image_store=images)
     else:
-        from trainer.distributed import RayLearner
+        from trainer.learner.distributed import RayLearner
 
         learner = RayLearner(model_dir, config, placement=placement)
     state = RunState()
@@ -716,7 +716,7 @@ def _record_evaluation(run: _Run, step: int, result: EvalResult) -> None:
 def _run_step(run: _Run, step: int) -> dict[str, Any]:
     """One GRPO step: rollouts, update, new adapter version, maybe an evaluation, record, checkpoint.
 
-    The rollouts of the next max_off_policy_steps steps are submitted first (:mod:`trainer.pipeline`),
+    The rollouts of the next max_off_policy_steps steps are submitted first (:mod:`trainer.rollouts.pipeline`),
     so they play while this step's update runs.
     """
     config, state = run.config, run.state

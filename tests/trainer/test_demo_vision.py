@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from trainer.demo import GALLERY_MAZES, VISION_QUICK, main
+from agents.maze.demo.demo import GALLERY_MAZES, VISION_QUICK, main
 
 
 @pytest.mark.slow

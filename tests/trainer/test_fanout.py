@@ -29,7 +29,7 @@ from handlers.decorator import rft_app
 from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from trainer.config import TrainConfig
-from trainer.fanout import (
+from trainer.rollouts.fanout import (
     FailureCause,
     FailureCounts,
     Fanout,

@@ -27,7 +27,7 @@ from tests.trainer.agent_apps import letters
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config, validate_config
 from trainer.loop import train
-from trainer.ray_cluster import ray_engine, start_local_cluster
+from trainer.scale.ray_cluster import ray_engine, start_local_cluster
 
 JOB = "job-ray"
 

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from tests.trainer.agent_apps.letters import app
 from tests.trainer.agent_apps.serving import serving, write_run_files
-from trainer.checkpoint import latest_checkpoint
 from trainer.cli import main as cli_main
 from trainer.config import load_config
+from trainer.learner.checkpoint import latest_checkpoint
 from trainer.loop import LOG_FILE, train
 
 KILL_AT = "step 2: rollouts started"

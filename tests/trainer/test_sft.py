@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
 from agents.maze.env import generate
-from trainer.sft import (
+from trainer.sft.text import (
     DemonstrationError,
     StopAtLoss,
     encode_demonstration,

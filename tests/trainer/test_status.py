@@ -24,8 +24,8 @@ from tests.trainer.agent_apps.letters import rollout as play_letters
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
-from trainer.prometheus import PHASES, StepExporter
-from trainer.status import read_status, render
+from trainer.ops.prometheus import PHASES, StepExporter
+from trainer.ops.status import read_status, render
 
 
 def failing_app() -> Any:

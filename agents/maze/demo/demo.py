@@ -44,8 +44,8 @@ from typing import Any
 import yaml
 
 from trainer.config import TrainConfig
-from trainer.cpu_kernels import pin_cpu_kernels
-from trainer.sft import PROJECTION_MODULES, SftResult, StopAtLoss, run_sft
+from trainer.ops.cpu_kernels import pin_cpu_kernels
+from trainer.sft.text import PROJECTION_MODULES, SftResult, StopAtLoss, run_sft
 
 
 @dataclass(frozen=True)
@@ -497,8 +497,8 @@ def run_demo(
     """
     from agents.maze.baselines import baselines
     from agents.maze.dataset import eval_rows, row_maze, write_dataset
+    from agents.maze.demo.gallery import EpisodeGallery
     from policy_server.chat_templates import load_tokenizer
-    from trainer.demo_gallery import EpisodeGallery
     from trainer.loop import train
 
     plan = plan or (QUICK if quick else FULL)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.memory import DTYPE_BYTES, GB, LORA_TRAINING_BYTES, ModelShape, ModelShapeError
-from trainer.placement import Node, Placement, PlacementError, detect_gpus, node_for, place
+from trainer.scale.memory import DTYPE_BYTES, GB, LORA_TRAINING_BYTES, ModelShape, ModelShapeError
+from trainer.scale.placement import Node, Placement, PlacementError, detect_gpus, node_for, place
 
 Phase = Literal["always", "rollouts", "update"]
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ BASE_DIR_KEY = "base_dir"
 
 
 RewardAggregation = Literal["sum", "last", "mean"]
-# TRL's vllm_importance_sampling_mode values (trainer.grpo implements them; config stays torch-free).
+# TRL's vllm_importance_sampling_mode values (trainer.algo.grpo implements them; config stays torch-free).
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 

@@ -197,7 +197,7 @@ def _trainee(
 
     from policy_server.chat_templates import load_tokenizer
     from policy_server.vision_inputs import is_vision_model
-    from trainer.sft_vision import vision_trainee
+    from trainer.sft.vision import vision_trainee
 
     tokenizer = load_tokenizer(model_dir, chat_template)
     if not demonstrations:

@@ -117,7 +117,7 @@ def replica_engine(config: TrainConfig, model_dir: str) -> Engine:
     import ray
 
     from trainer.loop import build_engine
-    from trainer.placement import Placement
+    from trainer.scale.placement import Placement
 
     on_gpu = bool(ray.get_gpu_ids())
     device = config.hf.device if config.hf.device != "auto" else ("cuda" if on_gpu else "cpu")

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from policy_server.trace import RolloutTrace
-from trainer.fanout import FailureCause, RolloutOutcome, RolloutRequest
-from trainer.producer import PlayedRollout, RolloutProducer, StepRollouts
+from trainer.rollouts.fanout import FailureCause, RolloutOutcome, RolloutRequest
+from trainer.rollouts.producer import PlayedRollout, RolloutProducer, StepRollouts
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ _PINNED_DIR = "pinned-adapters"  # the adapters those steps' rollouts sample on
 
 
 class CheckpointableLearner(Protocol):
-    """What a checkpoint needs from the learner (see :class:`trainer.learner.Learner`)."""
+    """What a checkpoint needs from the learner (see :class:`trainer.learner.learner.Learner`)."""
 
     def save_adapter(self, directory: Path) -> Path: ...
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.fanout import FailureCounts, RolloutOutcome, RolloutRequest, mean_agent_metrics
+from trainer.rollouts.fanout import FailureCounts, RolloutOutcome, RolloutRequest, mean_agent_metrics
 
 
 @dataclass

@@ -24,7 +24,7 @@ from agents.maze.main import parse_maze
 from policy_server.chat_format import parse_tool_calls
 from policy_server.trace import RolloutTrace
 from trainer.loop import PlayedRollout
-from trainer.metrics import MetricsLogger
+from trainer.ops.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {direction.value for direction in Direction}

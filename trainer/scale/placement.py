@@ -6,7 +6,7 @@ was not given, else vLLM's first GPU (shared: vLLM takes ``gpu_memory_utilizatio
 learner the rest), else the CPU. The hf engine runs in the learner's process, on the learner's
 device unless ``hf.device`` says otherwise. ``auto`` dtypes are bfloat16 on CUDA, float32 on CPU.
 With a ``ray`` section the engines run in replica actors, each on the GPUs Ray gives it
-(``trainer.ray_cluster``), so this node's plan holds the learner alone.
+(``trainer.scale.ray_cluster``), so this node's plan holds the learner alone.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from policy_server.vision_inputs import VisionInputs, position_ids
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore
+    from trainer.algo.sequences import SequenceBatch, TrainingSequence
     from trainer.config import LoraConfig
-    from trainer.sequences import SequenceBatch, TrainingSequence
 
 # Module-name prefixes of each part of a Qwen2-VL-family model (transformers 5 layout).
 _LANGUAGE = "model.language_model."

@@ -5,7 +5,7 @@ Ray actors, each holding the model and its LoRA adapter on one device, joined in
 ``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). A step's
 micro-batches are dealt out round-robin; each worker scales its micro-batches' losses by the *whole*
 batch's episode and token counts (as the one-process learner does for gradient accumulation, see
-:func:`trainer.grpo.grpo_loss`), so the all-reduced **sum** of the workers' LoRA gradients is the
+:func:`trainer.algo.grpo.grpo_loss`), so the all-reduced **sum** of the workers' LoRA gradients is the
 one-process gradient of the whole batch. Every worker then clips and steps identically, so their
 adapters stay equal; rank 0 hands out the adapter and the optimizer state. Each micro-batch draws its
 dropout from its own seed, so which worker computes it changes nothing.
@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.learner import GradientSums, Learner, StepResult
-from trainer.sequences import TrainingSequence
+from trainer.algo.sequences import TrainingSequence
+from trainer.learner.learner import GradientSums, Learner, StepResult
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
     from trainer.loop import RunSummary
-    from trainer.placement import Placement
+    from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,9 @@ class LearnerWorker:
 
 
 class RayLearner:
-    """The learner of :mod:`trainer.learner` as ``ray.learner_workers`` data-parallel Ray actors.
+    """The learner of :mod:`trainer.learner.learner` as ``ray.learner_workers`` data-parallel Ray actors.
 
-    The same methods as :class:`~trainer.learner.Learner` that the loop and checkpoints use; each
+    The same methods as :class:`~trainer.learner.learner.Learner` that the loop and checkpoints use; each
     call goes to every worker (whose results agree) and a worker's death raises
     :class:`LearnerWorkerDied` after all of them are stopped.
     """
@@ -179,7 +179,7 @@ class RayLearner:
     ) -> None:
         import ray
 
-        from trainer.placement import detect_gpus, node_for, place
+        from trainer.scale.placement import detect_gpus, node_for, place
 
         settings = config.ray
         if settings is None:
@@ -213,7 +213,7 @@ class RayLearner:
         seed: int | None = None,
         old_logprobs: Sequence[torch.Tensor] | None = None,
     ) -> StepResult:
-        """One optimizer step on every worker (see :meth:`trainer.learner.Learner.train_step`)."""
+        """One optimizer step on every worker (see :meth:`trainer.learner.learner.Learner.train_step`)."""
         batch, old = list(sequences), None if old_logprobs is None else list(old_logprobs)
         return self._call([worker.train_step.remote(batch, seed, old) for worker in self.workers])[0]
 
@@ -222,7 +222,7 @@ class RayLearner:
         return list(sequences)
 
     def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
-        """Each worker's share of :meth:`trainer.learner.Learner.old_logprobs`, put together."""
+        """Each worker's share of :meth:`trainer.learner.learner.Learner.old_logprobs`, put together."""
         batch = list(sequences)
         merged: dict[int, torch.Tensor] = {}
         for part in self._call([worker.shard_old_logprobs.remote(batch) for worker in self.workers]):
@@ -302,13 +302,13 @@ def _first_line(error: BaseException) -> str:
 def train_with_auto_resume(
     config: TrainConfig, resume: bool, train_once: Callable[[TrainConfig, bool], RunSummary]
 ) -> RunSummary:
-    """``train_once(config, resume)`` on the connected Ray cluster (:mod:`trainer.ray_cluster`),
+    """``train_once(config, resume)`` on the connected Ray cluster (:mod:`trainer.scale.ray_cluster`),
     restarted from the newest checkpoint (from the start before the first one) each time a learner
     worker dies, at most ``ray.max_learner_restarts`` times; then a
     :class:`~trainer.loop.TrainingError` naming the workers that died and how often."""
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.learner.checkpoint import latest_checkpoint
     from trainer.loop import TrainingError
-    from trainer.metrics import METRICS_FILE
+    from trainer.ops.metrics import METRICS_FILE
 
     settings = config.ray
     assert settings is not None  # only called with a ray section

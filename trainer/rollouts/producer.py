@@ -5,7 +5,7 @@ Each step's rollouts are submitted together, pinned to one adapter version of th
 (:meth:`PolicyServer.open_rollout`), and played concurrently with whatever else is in flight: the
 rollouts of other steps, the learner's update. Results land in request order, whatever order the
 rollouts finish in, and a snapshot of the finished ones can be taken at any time (checkpoints).
-When to submit which step is :mod:`trainer.pipeline`'s.
+When to submit which step is :mod:`trainer.rollouts.pipeline`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from policy_server.jobs import Rejection
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace
 from trainer.config import RewardAggregation
-from trainer.fanout import FailureCause, Fanout, RolloutOutcome, RolloutRequest, resolve_reward
+from trainer.rollouts.fanout import FailureCause, Fanout, RolloutOutcome, RolloutRequest, resolve_reward
 
 ResultT = TypeVar("ResultT")
 

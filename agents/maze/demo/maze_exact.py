@@ -17,7 +17,7 @@ evaluation shows those as "stopped early"). ``call_mass`` is the mean probabilit
 that the model writes one of the four turns token for token, end of turn included; the agent also
 accepts calls rendered otherwise (other endings, spacing), so it understates the format's reliability.
 
-    python -m trainer.maze_exact RUN_DIR [--temperature T]   # a demo's warm start and final adapter
+    python -m agents.maze.demo.maze_exact RUN_DIR [--temperature T]   # a demo's warm start and final adapter
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class CallScorer:
         self, demonstrations: Sequence[dict[str, Any]], temperature: float = 1.0, batch_size: int = 32
     ) -> list[float]:
         """P(the assistant turn | its request) for each demonstration, sampling at ``temperature``."""
-        from trainer.sft import IGNORE, encode_demonstration, pad_batch, pad_token_id
+        from trainer.sft.text import IGNORE, encode_demonstration, pad_batch, pad_token_id
 
         pad_id = pad_token_id(self.model.config)
         encoded = [encode_demonstration(self.tokenizer, demo) for demo in demonstrations]
@@ -153,7 +153,9 @@ def _reach(maze: Maze, moves: dict[StateKey, list[float]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.maze_exact", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.maze.demo.maze_exact", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "run_dir", type=Path, help="an rft demo run directory (model/, sft-adapter/, adapter/)"
     )

@@ -2,7 +2,7 @@
 
 One :meth:`Learner.train_step` is one optimizer step on one batch of sequences. The batch is split
 into micro-batches by a token budget; each micro-batch's loss is scaled to its share of the full batch
-(see :func:`trainer.grpo.grpo_loss`), so gradient accumulation gives the gradient of the whole batch.
+(see :func:`trainer.algo.grpo.grpo_loss`), so gradient accumulation gives the gradient of the whole batch.
 The KL reference is the policy training started from: the base model (the same model with its
 adapter disabled) or, with ``init_adapter``, that warm start loaded as a second, frozen adapter. No
 second model is held in memory.
@@ -10,13 +10,13 @@ second model is held in memory.
 Every setting comes from the :class:`~trainer.config.TrainConfig` (one source of truth). The base
 model is loaded in ``learner.dtype`` on ``learner.device`` (bfloat16 on CUDA by default); the LoRA
 parameters, their gradients and AdamW's moments stay float32 (peft's ``autocast_adapter_dtype``).
-Token logprobs come from the last hidden states through :mod:`trainer.logprobs`, a chunk of
+Token logprobs come from the last hidden states through :mod:`trainer.algo.logprobs`, a chunk of
 completion positions at a time, so the [B, T, V] logits never exist at once.
 
 A vision-language model (``policy_server.vision_inputs.is_vision_model``) loads through
 ``AutoModelForImageTextToText``; LoRA adapts its language model (``lora.adapt_vision`` widens it,
-:func:`trainer.vision.lora_targets`), and sequences that carry images get their pixels back from the
-run's image store and M-RoPE positions from the model (:func:`trainer.vision.batch_vision_inputs`).
+:func:`trainer.learner.vision.lora_targets`), and sequences that carry images get their pixels back from the
+run's image store and M-RoPE positions from the model (:func:`trainer.learner.vision.batch_vision_inputs`).
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model
-from trainer.grpo import grpo_loss
-from trainer.logprobs import chunked_token_logprobs, logit_transform
-from trainer.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
-from trainer.vision import batch_vision_inputs, lora_targets, stray_placeholders
+from trainer.algo.grpo import grpo_loss
+from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
+from trainer.algo.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
+from trainer.learner.vision import batch_vision_inputs, lora_targets, stray_placeholders
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore
     from trainer.config import TrainConfig
-    from trainer.placement import Placement
+    from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Learner:
     of a fresh adapter; its LoRA shape wins over ``config.lora``. With ``beta > 0`` it is also the KL
     reference: the penalty keeps the policy near its warm start (where the tool-call format was
     learned), not near the bare base model. ``placement``: where to run (default: placed on the GPUs
-    this machine has, see :mod:`trainer.placement`). ``image_store``: where the images of the
+    this machine has, see :mod:`trainer.scale.placement`). ``image_store``: where the images of the
     sequences' calls are (the policy server's), for vision-language models.
     """
 
@@ -211,7 +211,7 @@ class Learner:
 
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
         """The sequences the learner can score exactly: for a vision-language model, those without an
-        image placeholder the policy sampled (:func:`trainer.vision.stray_placeholders`); all others."""
+        image placeholder the policy sampled (:func:`trainer.learner.vision.stray_placeholders`); all others."""
         if self.vision is None:
             return list(sequences)
         token = self.vision.image_token_id
@@ -312,12 +312,12 @@ class Learner:
 
     def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
         """The micro-batches this process computes, with their index in the step: all of them here;
-        a data-parallel worker (:mod:`trainer.distributed`) takes its share."""
+        a data-parallel worker (:mod:`trainer.learner.distributed`) takes its share."""
         return list(enumerate(micro_batches))
 
     def _combine(self, sums: GradientSums) -> GradientSums:
         """The whole step's sums (gradients in ``.grad``) from this process's: the same here; a
-        data-parallel worker all-reduces them (:mod:`trainer.distributed`)."""
+        data-parallel worker all-reduces them (:mod:`trainer.learner.distributed`)."""
         return sums
 
     def _accumulate(
@@ -477,7 +477,7 @@ class Learner:
 
 
 def _device_and_dtype(config: TrainConfig, placement: Placement | None) -> tuple[torch.device, torch.dtype]:
-    from trainer.placement import detect_gpus, node_for, place
+    from trainer.scale.placement import detect_gpus, node_for, place
 
     if placement is None:
         placement = place(config, node_for(config, detect_gpus()))

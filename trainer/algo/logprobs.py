@@ -7,7 +7,7 @@ token is trained (the loss mask), a chunk of positions at a time, and each chunk
 the backward pass recomputes that chunk's logits instead of keeping them. The [chunk, V] logits
 are the largest tensor alive at any moment.
 
-The numbers are :func:`trainer.grpo.token_logprobs` and :func:`trainer.grpo.entropy_from_logits`
+The numbers are :func:`trainer.algo.grpo.token_logprobs` and :func:`trainer.algo.grpo.entropy_from_logits`
 evaluated at the masked positions (0 elsewhere), in the same float32 arithmetic.
 """
 
@@ -61,7 +61,7 @@ def chunked_token_logprobs(
 
     ``hidden``: [B, T, H] last hidden states (after the final norm); ``head``: the output head
     (hidden -> logits); ``mask``: [B, T], 1 where column t's token is trained. Column t is about
-    token t, predicted from position t - 1, as in :func:`trainer.grpo.token_logprobs`; column 0 and
+    token t, predicted from position t - 1, as in :func:`trainer.algo.grpo.token_logprobs`; column 0 and
     unmasked columns are 0.
     """
     if chunk_size < 1:

@@ -20,7 +20,7 @@ import torch
 
 from policy_server.images import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
 from policy_server.vision_inputs import VisionInputs, load_model
-from trainer.sft import (
+from trainer.sft.text import (
     IGNORE,
     DemonstrationError,
     EncodedDemonstration,
