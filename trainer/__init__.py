@@ -12,8 +12,8 @@ _LAZY = {
     "ConfigError": "trainer.config",
     "load_config": "trainer.config",
     "train": "trainer.loop",
-    "RunSummary": "trainer.loop",
-    "TrainingError": "trainer.loop",
+    "RunSummary": "trainer.run",
+    "TrainingError": "trainer.errors",
     "Learner": "trainer.learner.learner",
 }
 

@@ -40,8 +40,8 @@ LABELS: tuple[str, ...] = ("walker", "shortest")
 
 @cache
 def _formatter() -> OpenAIModel:
-    """Strands' OpenAI request formatting, built once (``agents.maze.demo.maze_exact`` formats ~50,000 requests).
-    Its client is never used: ``format_request`` only shapes the request body."""
+    """Strands' OpenAI request formatting, built once (``agents.maze.demo.maze_exact`` formats many
+    requests). Its client is never used: ``format_request`` only shapes the request body."""
     return OpenAIModel(client_args={"api_key": "unused"}, model_id="demonstration")
 
 

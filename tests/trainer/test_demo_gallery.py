@@ -17,9 +17,9 @@ from agents.maze.picture import game_png
 from agents.maze.solver import shortest_path
 from policy_server.chat_templates import load_tokenizer
 from policy_server.trace import CallRecord, RolloutTrace
-from trainer.loop import PlayedRollout
 from trainer.ops.metrics import MetricsLogger
 from trainer.rollouts.fanout import RolloutOutcome, RolloutRequest
+from trainer.rollouts.producer import PlayedRollout
 
 ROW = eval_rows()[1]
 

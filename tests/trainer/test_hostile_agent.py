@@ -68,7 +68,7 @@ def test_a_taken_trace_or_a_closed_job_does_not_crash_the_session(
     in process: the rollout fails with its cause and the session still closes cleanly."""
     from handlers.decorator import rft_app
     from policy_server.engines.hf import HFEngine
-    from trainer.loop import _Session
+    from trainer.session import Session as _Session
 
     session: _Session | None = None
 

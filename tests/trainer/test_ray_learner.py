@@ -22,9 +22,11 @@ from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import RayConfig, TrainConfig, load_config
+from trainer.errors import TrainingError
 from trainer.learner.distributed import ACTOR_PREFIX, RayLearner, train_with_auto_resume
 from trainer.learner.learner import Learner
-from trainer.loop import LOG_FILE, RunSummary, TrainingError, train
+from trainer.loop import train
+from trainer.run import LOG_FILE, RunSummary
 from trainer.scale.ray_cluster import ray_cluster as ray_cluster_of
 
 

@@ -19,7 +19,8 @@ from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.cli import main as cli_main
 from trainer.config import load_config
 from trainer.learner.checkpoint import latest_checkpoint
-from trainer.loop import LOG_FILE, train
+from trainer.loop import train
+from trainer.run import LOG_FILE
 
 KILL_AT = "step 2: rollouts started"
 

@@ -15,7 +15,8 @@ from handlers import RolloutContext, rft_app
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer import cli
 from trainer.config import load_config
-from trainer.loop import TrainingError, train
+from trainer.errors import TrainingError
+from trainer.loop import train
 
 
 def _service_rows(count: int) -> str:

@@ -122,7 +122,8 @@ def count_train_tokens(traces: Iterable[RolloutTrace]) -> TrainTokenCounts:
 
 @dataclass
 class SequenceBatch:
-    """Sequences right-padded to one length, ready for a forward pass and :func:`trainer.algo.grpo.grpo_loss`."""
+    """Sequences right-padded to one length, ready for a forward pass and
+    :func:`trainer.algo.grpo.grpo_loss`."""
 
     input_ids: Tensor  # [B, T] long
     attention_mask: Tensor  # [B, T] long, 1 on real tokens

@@ -52,5 +52,3 @@ DeviceName = Annotated[str, AfterValidator(_device_name)]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
-
-

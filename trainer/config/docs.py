@@ -92,4 +92,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.stdout.write(render_markdown())
     return 0
-

@@ -38,8 +38,6 @@ class HFEngineConfig(_Section):
     )
 
 
-
-
 class VLLMConfig(_Section):
     """Settings of the vllm engine: a vLLM OpenAI server in its own process."""
 
@@ -138,5 +136,3 @@ class VLLMConfig(_Section):
         ):
             raise ValueError(f"devices must be distinct GPU indices >= 0, got {self.devices}")
         return self
-
-

@@ -36,5 +36,3 @@ class LearnerConfig(_Section):
         "[tokens, vocabulary] float32 logits exist one chunk at a time (and are recomputed in the "
         "backward pass), never for the whole micro-batch.",
     )
-
-

@@ -112,5 +112,3 @@ def _suggestion(location: tuple[int | str, ...]) -> str:
         model = section
     close = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-

@@ -38,5 +38,3 @@ class LoraConfig(_Section):
         if isinstance(value, list) and not value:
             raise ValueError("list at least one module name, or use 'all-linear'")
         return value
-
-

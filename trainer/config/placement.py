@@ -24,5 +24,3 @@ class PlacementConfig(_Section):
         description="Memory of each GPU in GB (10^9 bytes); unset: what torch reports. A declared "
         "value wins, e.g. to keep room for another process.",
     )
-
-

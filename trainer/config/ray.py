@@ -99,5 +99,3 @@ class RayConfig(_Section):
         if value in ("local", "auto") or value.startswith("ray://"):
             return value
         raise ValueError(f"address must be 'local', 'auto' or a ray://host:port address, got {value!r}")
-
-

@@ -87,5 +87,3 @@ class PolicyServerConfig(_Section):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/") if value else value
-
-

@@ -382,5 +382,3 @@ class TrainConfig(_Section):
     def mlflow_uri(self) -> str:
         """The tracking URI to use: the configured one, else a file store in the run directory."""
         return self.mlflow_tracking_uri or (self.output_dir / "mlruns").resolve().as_uri()
-
-

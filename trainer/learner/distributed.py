@@ -30,19 +30,20 @@ import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from trainer.algo.sequences import TrainingSequence
+from trainer.errors import TrainingError
 from trainer.learner.learner import GradientSums, Learner, StepResult
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
-    from trainer.loop import RunSummary
     from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
+ResultT = TypeVar("ResultT")  # what one training attempt returns (trainer.run.RunSummary)
 
 ACTOR_PREFIX = "rftkit-learner"  # learner workers are named ACTOR_PREFIX-<learner id>-<rank>
 # After one worker's call failed, how long to wait for the others' before deciding which died (a
@@ -300,14 +301,13 @@ def _first_line(error: BaseException) -> str:
 
 
 def train_with_auto_resume(
-    config: TrainConfig, resume: bool, train_once: Callable[[TrainConfig, bool], RunSummary]
-) -> RunSummary:
+    config: TrainConfig, resume: bool, train_once: Callable[[TrainConfig, bool], ResultT]
+) -> ResultT:
     """``train_once(config, resume)`` on the connected Ray cluster (:mod:`trainer.scale.ray_cluster`),
     restarted from the newest checkpoint (from the start before the first one) each time a learner
     worker dies, at most ``ray.max_learner_restarts`` times; then a
-    :class:`~trainer.loop.TrainingError` naming the workers that died and how often."""
+    :class:`~trainer.errors.TrainingError` naming the workers that died and how often."""
     from trainer.learner.checkpoint import latest_checkpoint
-    from trainer.loop import TrainingError
     from trainer.ops.metrics import METRICS_FILE
 
     settings = config.ray

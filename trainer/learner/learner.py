@@ -211,7 +211,8 @@ class Learner:
 
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
         """The sequences the learner can score exactly: for a vision-language model, those without an
-        image placeholder the policy sampled (:func:`trainer.learner.vision.stray_placeholders`); all others."""
+        image placeholder the policy sampled (:func:`trainer.learner.vision.stray_placeholders`); all
+        others."""
         if self.vision is None:
             return list(sequences)
         token = self.vision.image_token_id

@@ -116,7 +116,7 @@ def replica_engine(config: TrainConfig, model_dir: str) -> Engine:
     """
     import ray
 
-    from trainer.loop import build_engine
+    from trainer.engine import local_engine
     from trainer.scale.placement import Placement
 
     on_gpu = bool(ray.get_gpu_ids())
@@ -129,4 +129,4 @@ def replica_engine(config: TrainConfig, model_dir: str) -> Engine:
         engine_dtype=config.vllm.dtype if config.engine == "vllm" else hf_dtype,
         vllm_devices=[],  # inherit the actor's CUDA_VISIBLE_DEVICES
     )
-    return build_engine(config.model_copy(update={"ray": None}), Path(model_dir), placement)
+    return local_engine(config.model_copy(update={"ray": None}), Path(model_dir), placement)
