@@ -15,7 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "policy_server.tiny_model:main",
         "the old name of `rft model tiny`",
     ),
-    "sft": ("trainer.sft.text:main", "supervised warm start of a LoRA adapter on demonstrations"),
+    "sft": ("agents.maze.demo.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
     "plan": (
         "trainer.scale.plan:main",
         "estimate a config's memory per device and refuse one that cannot fit",

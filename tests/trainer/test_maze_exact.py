@@ -19,7 +19,7 @@ from agents.maze.dataset import eval_rows, row_maze
 from agents.maze.demo.maze_exact import CallScorer, exact_success, reachable_requests
 from agents.maze.demonstrations import episode_demonstrations
 from trainer.algo.grpo import token_logprobs
-from trainer.sft.text import encode_demonstration
+from trainer.sft.common import encode_demonstration
 
 
 def test_every_request_a_walker_sends_is_one_of_the_enumerated_states() -> None:

@@ -14,7 +14,8 @@ from transformers import AutoConfig
 from agents.maze.demonstrations import maze_demonstrations
 from policy_server.chat_templates import load_tokenizer
 from policy_server.vision_inputs import VisionInputs
-from trainer.sft.text import DemonstrationError, encode_demonstration, run_sft
+from trainer.sft.common import DemonstrationError, encode_demonstration
+from trainer.sft.text import run_sft
 from trainer.sft.vision import encode_vision_demonstration
 
 # Every language-model projection, the embeddings and the output layer, and the vision side: the

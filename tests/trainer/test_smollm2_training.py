@@ -23,7 +23,8 @@ from tests.trainer.agent_apps.letters import app as letters_app
 from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
-from trainer.sft.text import PROJECTION_MODULES, run_sft
+from trainer.sft.common import PROJECTION_MODULES
+from trainer.sft.text import run_sft
 
 pytestmark = pytest.mark.slow
 

@@ -26,6 +26,7 @@ from policy_server.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor
 
 
@@ -132,24 +133,36 @@ class SequenceBatch:
     advantages: Tensor  # [B] float32
 
 
+def right_pad(
+    rows: Sequence[Sequence[int] | Sequence[float] | Tensor],
+    fill: float,
+    dtype: torch.dtype,
+    *,
+    width: int | None = None,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """Rows of values right-padded with ``fill`` into one ``[len(rows), width]`` tensor (width: the
+    longest row's); the repo's one padding routine (GRPO batches, warm-start batches, old logprobs)."""
+    import torch
+
+    width = max(len(row) for row in rows) if width is None else width
+    padded = torch.full((len(rows), width), fill, dtype=dtype, device=device)
+    for index, row in enumerate(rows):
+        values = row if isinstance(row, torch.Tensor) else torch.tensor(row, dtype=dtype)
+        padded[index, : len(values)] = values.to(padded.device, padded.dtype)
+    return padded
+
+
 def pad_batch(sequences: Sequence[TrainingSequence], pad_token_id: int) -> SequenceBatch:
     """Right-pad ``sequences`` to the longest one; padding has attention 0 and loss mask 0."""
     import torch
 
     if not sequences:
         raise ValueError("pad_batch needs at least one sequence")
-    width = max(len(sequence) for sequence in sequences)
-    shape = (len(sequences), width)
-    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(shape, dtype=torch.long)
-    loss_mask = torch.zeros(shape, dtype=torch.float32)
-    behavior = torch.zeros(shape, dtype=torch.float32)
-    for row, sequence in enumerate(sequences):
-        n = len(sequence)
-        input_ids[row, :n] = torch.tensor(sequence.token_ids, dtype=torch.long)
-        attention_mask[row, :n] = 1
-        loss_mask[row, :n] = torch.tensor(sequence.loss_mask, dtype=torch.float32)
-        behavior[row, :n] = torch.tensor(sequence.behavior_logprobs, dtype=torch.float32)
+    input_ids = right_pad([sequence.token_ids for sequence in sequences], pad_token_id, torch.long)
+    attention_mask = right_pad([[1] * len(sequence) for sequence in sequences], 0, torch.long)
+    loss_mask = right_pad([sequence.loss_mask for sequence in sequences], 0, torch.float32)
+    behavior = right_pad([sequence.behavior_logprobs for sequence in sequences], 0, torch.float32)
     advantages = torch.tensor([sequence.advantage for sequence in sequences], dtype=torch.float32)
     return SequenceBatch(input_ids, attention_mask, loss_mask, behavior, advantages)
 

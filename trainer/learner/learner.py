@@ -36,7 +36,13 @@ import torch
 from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model
 from trainer.algo.grpo import grpo_loss
 from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
-from trainer.algo.sequences import SequenceBatch, TrainingSequence, micro_batches_by_token_budget, pad_batch
+from trainer.algo.sequences import (
+    SequenceBatch,
+    TrainingSequence,
+    micro_batches_by_token_budget,
+    pad_batch,
+    right_pad,
+)
 from trainer.learner.vision import batch_vision_inputs, lora_targets, stray_placeholders
 
 if TYPE_CHECKING:
@@ -355,7 +361,15 @@ class Learner:
                 use_bias_correction_kl=config.use_bias_correction_kl,
                 importance_sampling_mode=correction,
                 importance_sampling_cap=config.vllm_importance_sampling_cap,
-                old_logprobs=None if old_by_sequence is None else _pad_rows(micro, old_by_sequence, logprobs),
+                old_logprobs=None
+                if old_by_sequence is None
+                else right_pad(
+                    [old_by_sequence[id(sequence)] for sequence in micro],
+                    0,
+                    logprobs.dtype,
+                    width=logprobs.shape[1],
+                    device=logprobs.device,
+                ),
                 entropy=entropy,
                 episode_tokens=torch.tensor(
                     [totals.episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
@@ -490,17 +504,6 @@ def _device_and_dtype(config: TrainConfig, placement: Placement | None) -> tuple
             "or install a CUDA build of torch on a machine with a GPU"
         )
     return device, getattr(torch, placement.learner_dtype)
-
-
-def _pad_rows(
-    micro: Sequence[TrainingSequence], rows: dict[int, torch.Tensor], like: torch.Tensor
-) -> torch.Tensor:
-    """Per-sequence 1-D tensors right-padded with 0 into ``like``'s [B, T] shape, dtype and device."""
-    padded = torch.zeros_like(like, requires_grad=False)
-    for row, sequence in enumerate(micro):
-        values = rows[id(sequence)]
-        padded[row, : len(values)] = values.to(padded.device, padded.dtype)
-    return padded
 
 
 def _to_device(batch: SequenceBatch, device: torch.device) -> SequenceBatch:

@@ -1,1 +1,27 @@
-"""x"""
+"""``rft sft``: supervised warm start of a LoRA adapter on demonstrations. What text and vision share
+(``common``), the text training (``text``), vision-language models (``vision``), the command (``cli``).
+
+``from trainer.sft import run_sft`` loads torch only when used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "run_sft": "trainer.sft.text",
+    "SftResult": "trainer.sft.common",
+    "StopAtLoss": "trainer.sft.common",
+    "DemonstrationError": "trainer.sft.common",
+    "load_demonstrations": "trainer.sft.common",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainer.sft' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -20,13 +20,13 @@ import torch
 
 from policy_server.images import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
 from policy_server.vision_inputs import VisionInputs, load_model
-from trainer.sft.text import (
+from trainer.sft.common import (
     IGNORE,
     DemonstrationError,
     EncodedDemonstration,
     Trainee,
+    demonstration_batch,
     encode_demonstration,
-    pad_batch,
     pad_token_id,
 )
 
@@ -84,7 +84,7 @@ def vision_batch(
 ) -> dict[str, torch.Tensor]:
     """Right-padded ids, labels and masks, with every example's images in order."""
     text = [EncodedDemonstration(example.input_ids, example.loss_mask) for example in examples]
-    batch = pad_batch(text, pad_id)
+    batch = demonstration_batch(text, pad_id)
     batch["mm_token_type_ids"] = (
         (batch["input_ids"] == image_token_id) & (batch["attention_mask"] == 1)
     ).long()

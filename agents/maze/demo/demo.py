@@ -28,253 +28,37 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agents.maze.demo.agent_process import serve_agent
+from agents.maze.demo.model import banner, build_demo_model, warm_start
+from agents.maze.demo.plans import (
+    FULL,
+    PRETRAINED_TARGET_MODULES,
+    QUICK,
+    RAY_SECTION,
+    SMOLLM2,
+    SMOLLM2_CHAT_TEMPLATE,
+    VISION,
+    VISION_QUICK,
+    DemoPlan,
+    plan_name,
+)
+from agents.maze.demo.report import plot_progress, reachable_table, result_table
 from trainer.config import TrainConfig
 from trainer.ops.cpu_kernels import pin_cpu_kernels
-from trainer.sft.text import PROJECTION_MODULES, SftResult, StopAtLoss, run_sft
 
-
-@dataclass(frozen=True)
-class DemoPlan:
-    """The sizes of one demo run: the model, the warm start, GRPO and the evaluation."""
-
-    train_mazes: int
-    sft_demos: int  # demonstrations are walked on this many training mazes
-    sft_steps: int
-    grpo_steps: int
-    rows_per_step: int  # mazes per GRPO step
-    eval_rows: int  # fixed evaluation mazes
-    # The warm start learns from a walker that makes a random move with this chance (see
-    # agents/maze/demonstrations.py): it learns the tool-call format and walks only roughly.
-    sft_noise: float = 0.3
-    # Whose move each demonstration's call is: the noisy walker's own ("walker"), or the shortest
-    # path's from the state the walker reached ("shortest": clean labels on its noisy walk).
-    sft_labels: str = "walker"
-    # Stop the warm start at the first check (every 5 steps) where its loss on demonstrations of
-    # SFT_HELD_OUT_MAZES other mazes is at most this; sft_steps is then the most it may take.
-    sft_target_loss: float | None = None
-    sft_learning_rate: float = 2e-3
-    sft_batch_size: int = 16
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    num_generations: int = 8
-    learning_rate: float = 6e-4
-    # Adam's first steps move every weight by the full learning rate whatever the gradient's size,
-    # which the embedding adapter of a tiny model is too sensitive for: warm up (optimizer steps).
-    warmup_steps: int = 8
-    num_iterations: int = 2  # optimizer steps per batch (TRL's mu), clipped against the sampler
-    # Token-level averaging: every sampled token counts alike. 'grpo' (a mean per episode) gives the
-    # tokens of short episodes, which end on a malformed call, the most weight: it broke the format.
-    loss_type: str = "dapo"
-    beta: float = 0.04  # KL penalty toward the warm start (the reference when init_adapter is set)
-    # Evaluation samples the policy as it trains (temperature 1), this many rollouts per maze.
-    eval_generations: int = 2
-    hidden_size: int = 128
-    num_layers: int = 2
-    # What the maze agent shows the policy: "text" or "image" (then the model is a tiny VLM).
-    observation: str = "text"
-
-
-# `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
-# gateway and two data-parallel learner workers.
-RAY_SECTION = {"address": "local", "inference_replicas": 2, "learner_workers": 2}
-
-# The walker's random moves as labels stall a warm start (15% after 300 steps on seed 1); its noisy
-# walk labelled with shortest-path moves learns the walking in a jump somewhere between steps 120 and
-# 300, at a different step for each seed. So the warm start stops at a held-out loss (0.05: about 30%
-# before GRPO on each seed) instead of after a fixed number of steps (README, "What make demo shows").
-# 40 GRPO steps: seed 0 gained +30.5 after 30 and +39.8 after 40 (its first 30 steps identical).
-FULL = DemoPlan(
-    train_mazes=2000,
-    sft_demos=200,
-    sft_steps=300,
-    grpo_steps=40,
-    rows_per_step=8,
-    eval_rows=64,
-    sft_labels="shortest",
-    sft_target_loss=0.05,
-)
-# Walker labels and half the old full plan's 300 fixed warm-start steps: the loss is at its plateau
-# by then (~0.06 per assistant token), and the weaker start leaves GRPO more to do (seed 0: 15.6% ->
-# 37.5%, against 26.6% -> 39.1% after 300 steps).
-QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=150, grpo_steps=16, rows_per_step=4, eval_rows=32)
-# SmolLM2-135M on 2 CPU cores: a forward and backward pass costs ~25 ms per token, ~500x the tiny
-# model's, so on a CPU this is a smoke-sized run (minutes, not a learning curve): it proves the path
-# end to end with a real pretrained model. On a GPU, pass the full plan (run_demo(plan=FULL)).
-SMOLLM2 = DemoPlan(
-    train_mazes=400,
-    sft_demos=8,
-    sft_steps=8,
-    sft_batch_size=2,
-    grpo_steps=2,
-    rows_per_step=1,
-    eval_rows=8,
-    num_generations=4,
-    num_iterations=1,
-    warmup_steps=0,
-    eval_generations=1,
-)
-# `--vision`: the same recipe on pictures of the map. The tiny VLM is random everywhere, its vision
-# tower too, so the warm start is what teaches it to read the picture at all.
-# Measured with the walker's labels, a fixed 300-step warm start and 30 GRPO steps (README): it keeps them.
-VISION = dataclasses.replace(
-    FULL, observation="image", sft_labels="walker", sft_target_loss=None, grpo_steps=30
-)
-# The suite's run: every stage, smoke-sized (under ~3 minutes on 2 idle cores).
-VISION_QUICK = DemoPlan(
-    train_mazes=100,
-    sft_demos=40,
-    sft_steps=40,
-    sft_batch_size=8,
-    # Few steps, so a bigger one: 40 steps of 8 at 2e-3 left a loss of 0.72 per assistant token,
-    # at 1e-2 0.46 (the full plan keeps the text demo's 2e-3 over 300 steps of 16).
-    sft_learning_rate=1e-2,
-    grpo_steps=2,
-    rows_per_step=2,
-    eval_rows=8,
-    num_generations=4,
-    warmup_steps=0,
-    num_iterations=1,
-    eval_generations=1,
-    observation="image",
-)
-# `--model smollm2`: SmolLM2's own chat template has no tool section; the shipped ChatML one has.
-SMOLLM2_CHAT_TEMPLATE = "chatml-tools"
-# A model built from scratch has no shared direction in its random embeddings and a random output
-# layer: the adapter needs the embeddings (so attention can learn positional patterns) and lm_head
-# (so logits can become confident) besides every projection. A pretrained --model needs neither.
-TINY_TARGET_MODULES = ["embed_tokens", *PROJECTION_MODULES, "lm_head"]
-# The tiny VLM's vision tower (attention and MLP of each block) and its patch merger, the projector
-# into the language model: random too, so adapted as well.
-VISION_TOWER_MODULES = ["qkv", "attn.proj", "fc1", "fc2", "mlp.0", "mlp.2"]
-PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
-# The warm start's stopping check walks these many mazes, from a seed no training maze reaches.
-SFT_HELD_OUT_MAZES = 20
-SFT_HELD_OUT_FIRST_SEED = 500_000
 AGENT_PORT_FOR_RERUN = 8080
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
-
-
-def banner(text: str) -> None:
-    """A stage heading, so progress is visible in a plain terminal log."""
-    print(f"\n=== {text} ===", flush=True)
-
-
-def _death_signal() -> Callable[[], None] | None:
-    """What the agent's process runs before it starts, on Linux: ask the kernel for SIGTERM when the
-    demo's process ends, however it ends (stopped by SIGTERM or SIGKILL the demo never reaches its
-    ``finally``, and the agent would keep serving). Built here, so the child only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import signal
-
-    prctl = ctypes.CDLL(None).prctl
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@contextmanager
-def serve_agent() -> Iterator[str]:
-    """The maze agent's ``BedrockAgentCoreApp`` on uvicorn in its own process, as it would be deployed
-    (and off the trainer's interpreter lock); yields its URL and stops it on the way out."""
-    import socket
-    import subprocess
-
-    import httpx
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    # One INFO line per rollout from the app would bury the progress bar.
-    launch = (
-        "import logging; from agents.maze.main import app; "
-        "logging.getLogger('bedrock_agentcore.app').setLevel(logging.WARNING); "
-        f"app.run(port={port}, host='127.0.0.1', log_level='warning')"
-    )
-    process = subprocess.Popen([sys.executable, "-c", launch], preexec_fn=_death_signal())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60.0
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the maze agent exited with code {process.returncode} before serving")
-            try:
-                if httpx.get(f"{url}/ping", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the maze agent did not answer {url}/ping within 60 s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def maze_corpus(count: int, observation: str = "text") -> list[str]:
-    """Maze conversations rendered with the tiny model's template (the tiny VLM's for ``image``), for
-    its tokenizer to train on."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    from agents.maze.demonstrations import maze_demonstrations
-    from policy_server.chat_format import normalize_messages
-    from policy_server.tiny_model import CHAT_TEMPLATE
-    from policy_server.tiny_vision import CHAT_TEMPLATE as VISION_CHAT_TEMPLATE
-
-    texts = []
-    for demonstration in maze_demonstrations(count, observation=observation):  # type: ignore[arg-type]
-        rendered, _ = render_jinja_template(
-            conversations=[normalize_messages(demonstration["messages"])],
-            tools=demonstration["tools"],
-            chat_template=VISION_CHAT_TEMPLATE if observation == "image" else CHAT_TEMPLATE,
-        )
-        texts.extend(rendered)
-    return texts
-
-
-def build_demo_model(plan: DemoPlan, out_dir: Path, seed: int) -> tuple[Path, list[str]]:
-    """The tiny model the plan asks for, built offline (a VLM for image observations), and the
-    modules its adapter covers."""
-    from policy_server.tiny_model import HEAD_DIM, build_tiny_model
-    from policy_server.tiny_vision import build_tiny_vision_model
-
-    corpus = maze_corpus(300, plan.observation)
-    if plan.observation == "image":
-        model_dir = build_tiny_vision_model(
-            out_dir, seed=seed, corpus=corpus, hidden_size=plan.hidden_size, num_layers=plan.num_layers
-        )
-        print(f"tiny Qwen2-VL (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
-        return model_dir, [*TINY_TARGET_MODULES, *VISION_TOWER_MODULES]
-    model_dir = build_tiny_model(
-        out_dir,
-        seed=seed,
-        corpus=corpus,
-        hidden_size=plan.hidden_size,
-        num_layers=plan.num_layers,
-        num_heads=plan.hidden_size // HEAD_DIM,
-        intermediate_size=2 * plan.hidden_size,
-    )
-    print(f"tiny Llama (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
-    return model_dir, TINY_TARGET_MODULES
 
 
 def train_config(
@@ -344,138 +128,6 @@ def write_rerun_config(config: TrainConfig, path: Path) -> None:
         f"# then: rft train {path}\n"
     )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False))
-
-
-def plot_progress(history: list[dict[str, Any]], evaluations: list[dict[str, Any]], path: Path) -> Path:
-    """Training reward per step and evaluation success rate, one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    steps = [record["step"] for record in history]
-    axis.plot(
-        steps, [record["reward_mean"] for record in history], marker=".", label="training reward (mean)"
-    )
-    axis.plot(
-        [evaluation["step"] for evaluation in evaluations],
-        [evaluation["success_rate"] for evaluation in evaluations],
-        marker="o",
-        label="evaluation success rate",
-    )
-    axis.set_xlabel("GRPO step")
-    axis.set_ylim(-0.02, 1.02)
-    axis.set_title("maze: reward and success over steps")
-    axis.legend(loc="lower right")
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
-def result_table(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """Success rate, mean reward and the maze agent's own metrics, before and after GRPO."""
-    rows = [
-        ("", "before", "after"),
-        ("success rate", f"{before['success_rate']:.1%}", f"{after['success_rate']:.1%}"),
-        ("mean reward", f"{before['mean_reward']:.3f}", f"{after['mean_reward']:.3f}"),
-    ]
-    labels = {"moves": "moves", "stopped": "stopped early"}
-    for name, label in labels.items():
-        if name in before.get("agent_metrics", {}) and name in after.get("agent_metrics", {}):
-            rows.append(
-                (label, f"{before['agent_metrics'][name]:.2f}", f"{after['agent_metrics'][name]:.2f}")
-            )
-    return "\n".join(f"{name:<14}{left:>10}{right:>10}" for name, left, right in rows)
-
-
-def reachable_table(before: dict[str, Any], after: dict[str, Any], walkers: dict[str, float]) -> str:
-    """The policy next to what is possible on the same mazes, and the share of the gap GRPO closed."""
-    labels = {
-        "random": "random walker",
-        "greedy": "greedy walker (a Closer move when there is one)",
-        "noisy": "noisy walker the warm start learns from",
-        "observation": "best observation-only policy found (a lower bound)",
-        "oracle": "shortest-path oracle",
-    }
-    lines = [f"{label:<52}{walkers[name]:>7.1%}" for name, label in labels.items()]
-    lines.insert(3, f"{'policy before GRPO':<52}{before['success_rate']:>7.1%}")
-    lines.insert(4, f"{'policy after GRPO':<52}{after['success_rate']:>7.1%}")
-    gap = walkers["observation"] - before["success_rate"]
-    closed = (after["success_rate"] - before["success_rate"]) / gap if gap > 0 else float("nan")
-    lines.append(f"GRPO closed {closed:.0%} of the gap to the best observation-only policy")
-    return "\n".join(lines)
-
-
-def plan_name(plan: DemoPlan) -> str:
-    """How the banner names a plan."""
-    named = (
-        ("full", FULL),
-        ("quick", QUICK),
-        ("smollm2", SMOLLM2),
-        ("vision", VISION),
-        ("vision quick", VISION_QUICK),
-    )
-    return next((name for name, known in named if known == plan), "custom")
-
-
-def warm_start(
-    plan: DemoPlan,
-    model_dir: Path,
-    target_modules: list[str],
-    out_dir: Path,
-    seed: int,
-    chat_template: str | None = None,
-) -> SftResult:
-    """Stage 2: ``rft sft`` on the walker's demonstrations, stopped at the plan's target if it has one."""
-    from agents.maze.demonstrations import maze_demonstrations
-
-    labels = "shortest-path" if plan.sft_labels == "shortest" else "the noisy walker's"
-    steps = f"up to {plan.sft_steps}" if plan.sft_target_loss is not None else str(plan.sft_steps)
-    banner(f"2/5 supervised warm start: {steps} steps on {labels} moves")
-    every = max(1, plan.sft_steps // 10)
-
-    def demonstrations(count: int, first_seed: int = 0) -> list[dict[str, Any]]:
-        return maze_demonstrations(
-            count,
-            first_seed,
-            noise=plan.sft_noise,
-            seed=seed,
-            labels=plan.sft_labels,  # type: ignore[arg-type]
-            observation=plan.observation,  # type: ignore[arg-type]
-        )
-
-    def report(step: int, loss: float) -> None:
-        if step % every == 0 or step == plan.sft_steps:
-            print(f"sft step {step}/{plan.sft_steps}  loss {loss:.4f}", flush=True)
-
-    stop = None
-    if plan.sft_target_loss is not None:
-        held_out = demonstrations(SFT_HELD_OUT_MAZES, SFT_HELD_OUT_FIRST_SEED)
-        stop = StopAtLoss(held_out, plan.sft_target_loss)
-    sft = run_sft(
-        model_dir,
-        demonstrations(plan.sft_demos),
-        out_dir,
-        steps=plan.sft_steps,
-        learning_rate=plan.sft_learning_rate,
-        batch_size=plan.sft_batch_size,
-        lora_r=plan.lora_r,
-        lora_alpha=plan.lora_alpha,
-        target_modules=target_modules,
-        seed=seed,
-        on_step=report,
-        chat_template=chat_template,
-        stop=stop,
-    )
-    if sft.held_out_losses:
-        step, loss = max(sft.held_out_losses.items())
-        reached = "reached" if loss <= (plan.sft_target_loss or 0.0) else "not reached"
-        print(f"held-out loss {loss:.4f} at step {step} (target {plan.sft_target_loss}: {reached})")
-    print(f"warm-start adapter written to {sft.adapter_dir} ({sft.seconds:.0f} s)")
-    return sft
 
 
 def run_demo(

@@ -105,13 +105,13 @@ class CallScorer:
         self, demonstrations: Sequence[dict[str, Any]], temperature: float = 1.0, batch_size: int = 32
     ) -> list[float]:
         """P(the assistant turn | its request) for each demonstration, sampling at ``temperature``."""
-        from trainer.sft.text import IGNORE, encode_demonstration, pad_batch, pad_token_id
+        from trainer.sft.common import IGNORE, demonstration_batch, encode_demonstration, pad_token_id
 
         pad_id = pad_token_id(self.model.config)
         encoded = [encode_demonstration(self.tokenizer, demo) for demo in demonstrations]
         out: list[float] = []
         for start in range(0, len(encoded), batch_size):
-            batch = pad_batch(encoded[start : start + batch_size], pad_id)
+            batch = demonstration_batch(encoded[start : start + batch_size], pad_id)
             logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
             taken = logprobs.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
