@@ -127,17 +127,14 @@ def demonstration_batch(examples: Sequence[EncodedDemonstration], pad_id: int) -
     """Encoded demonstrations right-padded into one batch; labels are the ids the loss covers, else IGNORE."""
     input_ids = right_pad([example.input_ids for example in examples], pad_id, torch.long)
     attention = right_pad([[1] * len(example.input_ids) for example in examples], 0, torch.long)
-    labels = right_pad(
-        [
-            torch.where(
-                torch.tensor(example.loss_mask), torch.tensor(example.input_ids, dtype=torch.long), IGNORE
-            )
-            for example in examples
-        ],
-        IGNORE,
-        torch.long,
-    )
+    labels = right_pad([_labels(example) for example in examples], IGNORE, torch.long)
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def _labels(example: EncodedDemonstration) -> torch.Tensor:
+    """The ids the loss covers, IGNORE elsewhere."""
+    ids = torch.tensor(example.input_ids, dtype=torch.long)
+    return torch.where(torch.tensor(example.loss_mask), ids, IGNORE)
 
 
 def assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -152,7 +149,8 @@ def assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 @dataclass
 class Trainee:
     """What a warm start needs of one kind of model: its encoded demonstrations, how to load it, how
-    to batch them and the loss (text models in ``trainer.sft.text``; vision-language ones in ``trainer.sft.vision``)."""
+    to batch them and the loss (text models: ``trainer.sft.text``; vision-language ones:
+    ``trainer.sft.vision``)."""
 
     encoded: list[Any]
     load_model: Callable[[], Any]
