@@ -19,7 +19,7 @@ from policy_server.trace import RolloutTrace
 from trainer.algo.grpo import group_advantages
 from trainer.algo.sequences import TrainingSequence, build_sequences
 from trainer.config import TrainConfig
-from trainer.rollouts.fanout import RolloutOutcome, group_is_trainable
+from trainer.rollouts.outcomes import RolloutOutcome, group_is_trainable
 from trainer.rollouts.producer import PlayedRollout
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from trainer.config import TrainConfig
 from trainer.errors import TrainingError
 from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import EvalResult
-from trainer.rollouts.fanout import FailureCounts, mean_agent_metrics
+from trainer.rollouts.outcomes import FailureCounts, mean_agent_metrics
 from trainer.rollouts.producer import PlayedRollout
 from trainer.run import Run
 from trainer.update import StepUpdate

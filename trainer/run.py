@@ -24,7 +24,8 @@ from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_ev
 from trainer.ops.prometheus import StepExporter
 from trainer.rollouts.dataset import derived_seed, next_rows, prompts, read_rows
 from trainer.rollouts.evaluation import EvalResult, evaluate
-from trainer.rollouts.fanout import RolloutOutcome, RolloutRequest
+from trainer.rollouts.fanout import RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome
 from trainer.rollouts.pipeline import RolloutPipeline
 from trainer.rollouts.producer import PlayedRollout
 from trainer.scale.plan import preflight

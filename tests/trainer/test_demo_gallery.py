@@ -18,7 +18,8 @@ from agents.maze.solver import shortest_path
 from policy_server.chat_templates import load_tokenizer
 from policy_server.trace import CallRecord, RolloutTrace
 from trainer.ops.metrics import MetricsLogger
-from trainer.rollouts.fanout import RolloutOutcome, RolloutRequest
+from trainer.rollouts.fanout import RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome
 from trainer.rollouts.producer import PlayedRollout
 
 ROW = eval_rows()[1]

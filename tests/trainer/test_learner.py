@@ -14,7 +14,8 @@ import torch
 from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import TrainConfig
-from trainer.learner.learner import REFERENCE_ADAPTER, Learner
+from trainer.learner.learner import Learner
+from trainer.learner.model import REFERENCE_ADAPTER
 
 
 def _sequences(

@@ -214,12 +214,7 @@ def grpo_loss(
         before its cap), ``is_capped_fraction`` (tokens whose ratio was truncated or masked) and
         ``is_weight_mean`` (the weight applied).
     """
-    if loss_type not in ("grpo", "dr_grpo", "dapo"):
-        raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
-    if loss_type == "dr_grpo" and not max_completion_length:
-        raise ValueError("loss_type 'dr_grpo' needs max_completion_length (its constant normaliser)")
-    if beta > 0.0 and ref_logprobs is None:
-        raise ValueError("beta > 0 needs ref_logprobs (the reference model's token logprobs)")
+    _check_loss_args(loss_type, max_completion_length, beta, ref_logprobs)
     mask = loss_mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
     eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
@@ -227,13 +222,9 @@ def grpo_loss(
     # Where the mask is 0 the log-ratio is forced to 0, so padding with junk logprobs cannot make inf/nan.
     behavior_log_ratio = torch.where(mask > 0, logprobs - behavior_logprobs, torch.zeros_like(logprobs))
     metrics: dict[str, float] = {}
-    weights: ImportanceWeights | None = None
-    old = behavior_logprobs
-    if importance_sampling_mode is not None:
-        old = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs.dtype)
-        weights = sampler_importance_weights(
-            old, behavior_logprobs, mask, mode=importance_sampling_mode, cap=importance_sampling_cap
-        )
+    old, weights = _old_policy(
+        logprobs, behavior_logprobs, old_logprobs, mask, importance_sampling_mode, importance_sampling_cap
+    )
     log_ratio = torch.where(mask > 0, logprobs - old, torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -242,23 +233,14 @@ def grpo_loss(
         per_token = per_token * weights.weight
         metrics.update(_importance_metrics(weights, mask))
     if ref_logprobs is not None:
-        kl = _k3(torch.where(mask > 0, ref_logprobs - logprobs, torch.zeros_like(logprobs)))
-        if use_bias_correction_kl:
-            kl = kl * ratio
-        metrics["kl"] = _masked_mean(kl.detach(), mask)
-        if beta > 0.0:
-            per_token = per_token + beta * kl
+        per_token = _with_kl(
+            per_token, logprobs, ref_logprobs, ratio, mask, beta, use_bias_correction_kl, metrics
+        )
 
     num_episodes = total_episodes or logprobs.shape[0]
-    masked = per_token * mask
-    if loss_type == "grpo":
-        tokens = mask.sum(-1) if episode_tokens is None else episode_tokens.to(mask.dtype)
-        loss = (masked.sum(-1) / tokens.clamp(min=1.0)).sum() / num_episodes
-    elif loss_type == "dr_grpo":
-        assert max_completion_length is not None  # refused above when missing
-        loss = masked.sum() / (num_episodes * max_completion_length)
-    else:
-        loss = masked.sum() / (total_tokens or mask.sum().clamp(min=1.0))
+    loss = _average(
+        per_token * mask, mask, loss_type, num_episodes, episode_tokens, max_completion_length, total_tokens
+    )
 
     # The clipped branch is taken (no gradient flows) when the ratio left the band in the direction
     # the advantage pushes it.
@@ -269,3 +251,69 @@ def grpo_loss(
     if entropy is not None:
         metrics["entropy"] = _masked_mean(entropy.detach(), mask)
     return loss, metrics
+
+
+def _old_policy(
+    logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    mask: Tensor,
+    mode: ImportanceSamplingMode | None,
+    cap: float,
+) -> tuple[Tensor, ImportanceWeights | None]:
+    """The old policy of the clipped ratio (the sampler's logprobs without an importance-sampling
+    mode), and with one the sampler-to-learner weights."""
+    if mode is None:
+        return behavior_logprobs, None
+    old = logprobs.detach() if old_logprobs is None else old_logprobs.to(logprobs.dtype)
+    return old, sampler_importance_weights(old, behavior_logprobs, mask, mode=mode, cap=cap)
+
+
+def _with_kl(
+    per_token: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    ratio: Tensor,
+    mask: Tensor,
+    beta: float,
+    use_bias_correction_kl: bool,
+    metrics: dict[str, float],
+) -> Tensor:
+    """``per_token`` plus ``beta * k3`` against the reference (reported as ``kl`` either way)."""
+    kl = _k3(torch.where(mask > 0, ref_logprobs - logprobs, torch.zeros_like(logprobs)))
+    if use_bias_correction_kl:
+        kl = kl * ratio
+    metrics["kl"] = _masked_mean(kl.detach(), mask)
+    if beta > 0.0:
+        per_token = per_token + beta * kl
+    return per_token
+
+
+def _check_loss_args(
+    loss_type: str, max_completion_length: int | None, beta: float, ref_logprobs: Tensor | None
+) -> None:
+    if loss_type not in ("grpo", "dr_grpo", "dapo"):
+        raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise ValueError("loss_type 'dr_grpo' needs max_completion_length (its constant normaliser)")
+    if beta > 0.0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs (the reference model's token logprobs)")
+
+
+def _average(
+    masked: Tensor,
+    mask: Tensor,
+    loss_type: LossType,
+    num_episodes: int,
+    episode_tokens: Tensor | None,
+    max_completion_length: int | None,
+    total_tokens: int | None,
+) -> Tensor:
+    """The masked per-token losses averaged as ``loss_type`` says (see :func:`grpo_loss`)."""
+    if loss_type == "grpo":
+        tokens = mask.sum(-1) if episode_tokens is None else episode_tokens.to(mask.dtype)
+        return (masked.sum(-1) / tokens.clamp(min=1.0)).sum() / num_episodes
+    if loss_type == "dr_grpo":
+        assert max_completion_length is not None  # refused above when missing
+        return masked.sum() / (num_episodes * max_completion_length)
+    return masked.sum() / (total_tokens or mask.sum().clamp(min=1.0))

@@ -10,7 +10,7 @@ from typing import Any
 
 _LAZY = {
     "Learner": "trainer.learner.learner",
-    "StepResult": "trainer.learner.learner",
+    "StepResult": "trainer.learner.steps",
     "RayLearner": "trainer.learner.distributed",
 }
 

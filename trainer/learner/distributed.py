@@ -36,7 +36,8 @@ import torch
 
 from trainer.algo.sequences import TrainingSequence
 from trainer.errors import TrainingError
-from trainer.learner.learner import GradientSums, Learner, StepResult
+from trainer.learner.learner import Learner
+from trainer.learner.steps import GradientSums, StepResult
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig

@@ -21,19 +21,16 @@ run's image store and M-RoPE positions from the model (:func:`trainer.learner.vi
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import logging
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policy_server.vision_inputs import VisionInputs, is_vision_model, load_model
+from policy_server.vision_inputs import VisionInputs, is_vision_model
 from trainer.algo.grpo import grpo_loss
 from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
 from trainer.algo.sequences import (
@@ -43,7 +40,16 @@ from trainer.algo.sequences import (
     pad_batch,
     right_pad,
 )
-from trainer.learner.vision import batch_vision_inputs, lora_targets, stray_placeholders
+from trainer.learner.model import TRAINED_ADAPTER, build_model
+from trainer.learner.steps import (
+    GradientSums,
+    StepResult,
+    StepTotals,
+    device_and_dtype,
+    micro_batch_seed,
+    to_device,
+)
+from trainer.learner.vision import batch_vision_inputs, stray_placeholders
 
 if TYPE_CHECKING:
     from policy_server.image_store import ImageStore
@@ -51,75 +57,6 @@ if TYPE_CHECKING:
     from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
-
-TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads first
-REFERENCE_ADAPTER = "reference"
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step did. ``skipped`` is True when a non-finite loss or gradient was found
-    and the update was not applied."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    skipped: bool = False
-
-
-@dataclass
-class GradientSums:
-    """What one process's micro-batches add to a step (their gradients sit in the parameters' .grad).
-
-    ``loss``: the sum of their losses (each already scaled to its share of the batch); ``weighted``:
-    token-weighted sums of per-micro-batch metric means; ``maxima``: the ``*_max`` metrics; ``finite``:
-    False once a loss was not finite."""
-
-    loss: float = 0.0
-    weighted: dict[str, float] = field(default_factory=dict)
-    maxima: dict[str, float] = field(default_factory=dict)
-    finite: bool = True
-
-    def add(self, loss: float, metrics: dict[str, float], tokens: float) -> None:
-        """Count one micro-batch: its loss, and its metrics weighted by its ``tokens``."""
-        self.loss += loss
-        for key, value in metrics.items():
-            if key.endswith("_max"):
-                self.maxima[key] = max(self.maxima.get(key, value), value)
-            else:
-                self.weighted[key] = self.weighted.get(key, 0.0) + value * tokens
-
-    def merge(self, other: GradientSums) -> None:
-        """Add another process's sums (not its gradients) to these."""
-        self.loss += other.loss
-        self.finite = self.finite and other.finite
-        for key, value in other.weighted.items():
-            self.weighted[key] = self.weighted.get(key, 0.0) + value
-        for key, value in other.maxima.items():
-            self.maxima[key] = max(self.maxima.get(key, value), value)
-
-
-@dataclass(frozen=True)
-class _StepTotals:
-    """Counts over the whole batch that every micro-batch's loss is normalised by."""
-
-    tokens: int
-    episode_tokens: dict[str, int]
-
-    @classmethod
-    def of(cls, sequences: Sequence[TrainingSequence]) -> _StepTotals:
-        # A rollout's calls may be several sequences (possibly in different micro-batches): the loss
-        # averages per episode, so each sequence needs its whole episode's token count.
-        episode_tokens: dict[str, int] = {}
-        for sequence in sequences:
-            episode_tokens[sequence.rollout_id] = (
-                episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
-            )
-        return cls(sum(sequence.num_completion_tokens for sequence in sequences), episode_tokens)
-
-
-def _micro_batch_seed(seed: int, index: int) -> int:
-    """The RNG seed of a step's ``index``-th micro-batch (LoRA dropout), whichever process runs it."""
-    digest = hashlib.sha256(f"{seed}:micro-batch:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & 0x7FFFFFFFFFFFFFFF
 
 
 class Learner:
@@ -146,11 +83,11 @@ class Learner:
         self.config = config
         self.image_store = image_store
         self.micro_batch_tokens = config.max_tokens_per_microbatch
-        self.device, dtype = _device_and_dtype(config, placement)
+        self.device, dtype = device_and_dtype(config, placement)
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.
         torch.manual_seed(config.seed)
         self.dtype = dtype
-        self.model = self._build_model(model_dir, dtype)
+        self.model, self.reference_adapter = build_model(model_dir, config, self.device, dtype)
         base_config = self.model.get_base_model().config
         self.vision = VisionInputs(model_dir, base_config) if is_vision_model(base_config) else None
         self.model.train()
@@ -175,46 +112,6 @@ class Learner:
         self.steps_done = 0
         self.steps_skipped = 0
 
-    def _build_model(self, model_dir: str | Path, dtype: torch.dtype) -> Any:
-        from peft import LoraConfig, PeftModel, get_peft_model
-
-        config = self.config
-        placed = {"device_map": {"": str(self.device)}} if self.device.type == "cuda" else {}
-        base = load_model(model_dir, dtype=dtype, **placed)
-        if config.learner.gradient_checkpointing:
-            base.config.use_cache = False
-            # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
-            # does not require grad.
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.reference_adapter: str | None = None
-        # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
-        # gradients and AdamW state): bf16 updates of small weights round away.
-        if config.init_adapter is None:
-            targets = config.lora.target_modules
-            if is_vision_model(base.config):
-                targets = lora_targets(base, config.lora)  # the language model's unless widened
-            lora = LoraConfig(
-                r=config.lora.r,
-                lora_alpha=config.lora.lora_alpha,
-                lora_dropout=config.lora.lora_dropout,
-                target_modules=targets,
-                task_type="CAUSAL_LM",
-            )
-            return get_peft_model(base, lora, autocast_adapter_dtype=True)
-        model = PeftModel.from_pretrained(
-            base, str(config.init_adapter), is_trainable=True, autocast_adapter_dtype=True
-        )
-        if config.beta > 0.0:
-            model.load_adapter(
-                str(config.init_adapter),
-                adapter_name=REFERENCE_ADAPTER,
-                is_trainable=False,
-                autocast_adapter_dtype=True,
-            )
-            model.set_adapter(TRAINED_ADAPTER)
-            self.reference_adapter = REFERENCE_ADAPTER
-        return model
-
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
         """The sequences the learner can score exactly: for a vision-language model, those without an
         image placeholder the policy sampled (:func:`trainer.learner.vision.stray_placeholders`); all
@@ -228,7 +125,7 @@ class Learner:
         self, micro: Sequence[TrainingSequence]
     ) -> tuple[SequenceBatch, dict[str, torch.Tensor]]:
         """A micro-batch's padded tensors and, for a vision-language model, its image inputs."""
-        batch = _to_device(pad_batch(micro, self.pad_token_id), self.device)
+        batch = to_device(pad_batch(micro, self.pad_token_id), self.device)
         if self.vision is None:
             return batch, {}
         extra = batch_vision_inputs(
@@ -331,7 +228,7 @@ class Learner:
         self,
         micro_batches: list[list[TrainingSequence]],
         old_by_sequence: dict[int, torch.Tensor] | None,
-        totals: _StepTotals,
+        totals: StepTotals,
         seed: int | None,
     ) -> GradientSums:
         """Forward and backward of this process's micro-batches, each loss scaled to its share of the
@@ -343,7 +240,7 @@ class Learner:
         sums = GradientSums()
         for index, micro in self._shard(micro_batches):
             if seed is not None:
-                torch.manual_seed(_micro_batch_seed(seed, index))
+                torch.manual_seed(micro_batch_seed(seed, index))
             batch, vision = self.batch_inputs(micro)
             ref_logprobs = self._reference_logprobs(batch, vision) if config.beta > 0.0 else None
             logprobs, entropy = self.token_logprobs(batch, vision)
@@ -392,7 +289,7 @@ class Learner:
     ) -> StepResult:
         config = self.config
         total_sequences = len(sequences)
-        totals = _StepTotals.of(sequences)
+        totals = StepTotals.of(sequences)
         total_tokens = totals.tokens
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
         old_by_sequence = None
@@ -489,24 +386,3 @@ class Learner:
         self.scheduler.load_state_dict(training_state["scheduler"])
         self.steps_done = int(training_state["steps_done"])
         self.steps_skipped = int(training_state["steps_skipped"])
-
-
-def _device_and_dtype(config: TrainConfig, placement: Placement | None) -> tuple[torch.device, torch.dtype]:
-    from trainer.scale.placement import detect_gpus, node_for, place
-
-    if placement is None:
-        placement = place(config, node_for(config, detect_gpus()))
-    device = torch.device(placement.learner_device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            f"the learner is placed on {device} but torch sees no CUDA device (torch "
-            f"{torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): set learner.device: cpu, "
-            "or install a CUDA build of torch on a machine with a GPU"
-        )
-    return device, getattr(torch, placement.learner_dtype)
-
-
-def _to_device(batch: SequenceBatch, device: torch.device) -> SequenceBatch:
-    if device.type == "cpu":
-        return batch
-    return SequenceBatch(*(getattr(batch, item.name).to(device) for item in dataclasses.fields(batch)))

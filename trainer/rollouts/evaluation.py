@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.rollouts.fanout import FailureCounts, RolloutOutcome, RolloutRequest, mean_agent_metrics
+from trainer.rollouts.fanout import RolloutRequest
+from trainer.rollouts.outcomes import FailureCounts, RolloutOutcome, mean_agent_metrics
 
 
 @dataclass

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from policy_server.trace import RolloutTrace
-from trainer.rollouts.fanout import FailureCause, RolloutOutcome, RolloutRequest
+from trainer.rollouts.fanout import FailureCause, RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome
 from trainer.rollouts.producer import PlayedRollout, RolloutProducer, StepRollouts
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from policy_server.jobs import Rejection
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace
 from trainer.config import RewardAggregation
-from trainer.rollouts.fanout import FailureCause, Fanout, RolloutOutcome, RolloutRequest, resolve_reward
+from trainer.rollouts.fanout import FailureCause, Fanout, RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome, resolve_reward
 
 ResultT = TypeVar("ResultT")
 
