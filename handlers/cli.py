@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sft": ("agents.maze.demo.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
     "plan": (
-        "trainer.scale.plan:main",
+        "trainer.scale.plan_cli:main",
         "estimate a config's memory per device and refuse one that cannot fit",
     ),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),

@@ -11,18 +11,16 @@ suggestion is checked by planning again with it). ``rft train`` runs the same ch
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.config import ConfigError, TrainConfig, load_config
+from trainer.config import TrainConfig
 from trainer.scale.memory import DTYPE_BYTES, GB, LORA_TRAINING_BYTES, ModelShape, ModelShapeError
-from trainer.scale.placement import Node, Placement, PlacementError, detect_gpus, node_for, place
+from trainer.scale.placement import Node, Placement, detect_gpus, node_for, place
 
 Phase = Literal["always", "rollouts", "update"]
 log = logging.getLogger(__name__)
@@ -265,7 +263,7 @@ def _candidates(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
     return levers + pairs
 
 
-def _advice(config: TrainConfig, plan: Plan) -> str:
+def advice(config: TrainConfig, plan: Plan) -> str:
     """Why it does not fit and what to change: a sentence per problem."""
     device = next((device for device in plan.devices if not device.fits), None)
     sentences = [_device_advice(config, plan, device)] if device is not None else []
@@ -302,7 +300,7 @@ def check(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
     """The plan, or :class:`PlanError` with a sentence that says what to change."""
     plan = make_plan(config, shape, node)
     if not plan.fits:
-        raise PlanError(f"this config does not fit: {_advice(config, plan)}")
+        raise PlanError(f"this config does not fit: {advice(config, plan)}")
     return plan
 
 
@@ -366,39 +364,3 @@ def preflight(config: TrainConfig, model_dir: str | Path) -> Placement:
     plan = check(config, shape, node)
     log.info("memory plan:\n%s", render(plan))
     return plan.placement
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rft plan",
-        description="Estimate the memory a training config needs on each device, from the model's "
-        "config.json, and refuse one that cannot fit.",
-    )
-    parser.add_argument("config", help="YAML or TOML training config (see docs/config.md)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, as for rft train")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-        if config.model is None:
-            print("model is unset: the run builds a tiny model (under 1 M parameters) and needs no plan")
-            return 0
-        shape = shape_for(config.model)
-        node = node_for(config, detect_gpus())
-        plan = make_plan(config, shape, node)
-    except (ConfigError, PlanError, PlacementError) as error:
-        print(f"rft plan: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(plan.as_dict(), indent=2) if args.json else render(plan))
-    if not plan.fits:
-        print(f"refused: {_advice(config, plan)}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
