@@ -3,8 +3,8 @@
 1. builds a tiny Llama offline (its tokenizer trained on maze conversations);
 2. warm-starts a LoRA adapter (``rft sft``) on the walk of a deliberately imperfect walker (a
    shortest-path move, or with chance 0.3 a random one), each call labelled with the shortest-path
-   move from where the walker stood, and stops it once its loss on held-out mazes reaches 0.05: the
-   policy calls the tool and walks only roughly (about 30% of the mazes, on every seed);
+   move from where the walker stood, and stops it once its loss on held-out mazes reaches a target:
+   the policy calls the tool and walks only roughly;
 3. starts the maze agent (a real ``BedrockAgentCoreApp`` on uvicorn, in its own process) and runs
    ``rft train`` against it: the policy server with the ``hf`` engine (or ``vllm``), evaluation on
    the 64 fixed mazes (two rollouts each, sampled as in training), GRPO, evaluation again;
@@ -15,10 +15,10 @@
    plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``), the
    training config (``train.yaml``) to rerun with ``rft train``, and a gallery of a few evaluation
    episodes before and after (``gallery/``, one PNG strip per episode; in MLflow with their frames
-   and moves, see ``trainer/demo_gallery.py``).
+   and moves, see ``agents/maze/demo/gallery.py``).
 
-    rft demo                  # the full demo, about 7 minutes on 2 CPU cores
-    rft demo --quick          # a smaller run (32 mazes, 16 steps), about four minutes
+    rft demo                  # the full demo
+    rft demo --quick          # a smaller run (32 mazes, 16 steps)
     rft demo --vision         # the visual maze: a tiny VLM sees the map as a picture
     rft demo --vision --quick # its smoke-sized run (the suite's)
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
@@ -33,9 +33,10 @@ import shutil
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -56,6 +57,11 @@ from agents.maze.demo.plans import (
 from agents.maze.demo.report import plot_progress, reachable_table, result_table
 from trainer.config import TrainConfig
 from trainer.ops.cpu_kernels import pin_cpu_kernels
+
+if TYPE_CHECKING:
+    from agents.maze.demo.gallery import EpisodeGallery
+    from trainer.run import RunSummary
+    from trainer.sft.common import SftResult
 
 AGENT_PORT_FOR_RERUN = 8080
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
@@ -147,11 +153,7 @@ def run_demo(
     engines; ``plan`` overrides the full or quick plan; ``ray`` serves the policy from two inference
     replicas on a local Ray cluster.
     """
-    from agents.maze.baselines import baselines
-    from agents.maze.dataset import eval_rows, row_maze, write_dataset
-    from agents.maze.demo.gallery import EpisodeGallery
-    from policy_server.chat_templates import load_tokenizer
-    from trainer.loop import train
+    from agents.maze.dataset import write_dataset
 
     plan = plan or (QUICK if quick else FULL)
     started = time.monotonic()
@@ -166,31 +168,67 @@ def run_demo(
         model_dir, target_modules = model, PRETRAINED_TARGET_MODULES
 
     sft = warm_start(plan, model_dir, target_modules, run_dir / "sft-adapter", seed, chat_template)
+    setup = _GrpoSetup(plan, model_dir, target_modules, data_dir, run_dir, engine, seed, chat_template, ray)
+    summary, gallery = _grpo(setup, sft.adapter_dir)
+    return _results(setup, summary, gallery, sft, started)
 
+
+@dataclass(frozen=True)
+class _GrpoSetup:
+    """What the GRPO stage of one demo run is given."""
+
+    plan: DemoPlan
+    model_dir: Path
+    target_modules: list[str]
+    data_dir: Path
+    run_dir: Path
+    engine: str
+    seed: int
+    chat_template: str | None
+    ray: bool
+
+
+def _grpo(setup: _GrpoSetup, init_adapter: Path) -> tuple[RunSummary, EpisodeGallery]:
+    """Stages 3 and 4: the maze agent served, then ``rft train`` against it (evaluations included)."""
+    from agents.maze.demo.gallery import EpisodeGallery
+    from policy_server.chat_templates import load_tokenizer
+    from trainer.loop import train
+
+    plan, run_dir = setup.plan, setup.run_dir
     banner("3/5 maze agent on uvicorn, policy server and trainer over loopback HTTP")
     with serve_agent() as agent_url:
         print(f"maze agent listening at {agent_url}")
         config = train_config(
             plan,
-            model_dir=model_dir,
-            init_adapter=sft.adapter_dir,
-            data_dir=data_dir,
+            model_dir=setup.model_dir,
+            init_adapter=init_adapter,
+            data_dir=setup.data_dir,
             output_dir=run_dir / "grpo",
             agent_url=agent_url,
-            engine=engine,
-            target_modules=target_modules,
-            seed=seed,
-            chat_template=chat_template,
-            ray=ray,
+            engine=setup.engine,
+            target_modules=setup.target_modules,
+            seed=setup.seed,
+            chat_template=setup.chat_template,
+            ray=setup.ray,
         )
         write_rerun_config(config, run_dir / "train.yaml")
         banner(
             f"4/5 evaluate on {plan.eval_rows} fixed mazes, GRPO for {plan.grpo_steps} steps "
             f"({plan.rows_per_step} mazes x {plan.num_generations} rollouts), evaluate again"
         )
-        gallery = EpisodeGallery(run_dir, load_tokenizer(model_dir, chat_template).decode, GALLERY_MAZES)
-        summary = train(config, on_evaluation=gallery)
+        decode = load_tokenizer(setup.model_dir, setup.chat_template).decode
+        gallery = EpisodeGallery(run_dir, decode, GALLERY_MAZES)
+        return train(config, on_evaluation=gallery), gallery
 
+
+def _results(
+    setup: _GrpoSetup, summary: RunSummary, gallery: EpisodeGallery, sft: SftResult, started: float
+) -> dict[str, Any]:
+    """Stage 5: the tables, the plot, the final adapter and ``results.json``."""
+    from agents.maze.baselines import baselines
+    from agents.maze.dataset import eval_rows, row_maze
+
+    plan, run_dir, ray = setup.plan, setup.run_dir, setup.ray
     banner("5/5 results")
     before, after = summary.evaluations[0], summary.evaluations[-1]
     table = result_table(before, after)
@@ -217,8 +255,8 @@ def run_demo(
         "sft_held_out_losses": sft.held_out_losses,
         "seconds": time.monotonic() - started,
         "plan": plan.__dict__,
-        "engine": engine,
-        "seed": seed,
+        "engine": setup.engine,
+        "seed": setup.seed,
         "ray": RAY_SECTION if ray else None,
         "gallery": [str(strip.relative_to(run_dir)) for strip in gallery.strips],
     }
@@ -231,8 +269,7 @@ def run_demo(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``rft demo``: see the module docstring."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rft demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller run (about four minutes)")
     parser.add_argument("--out", type=Path, help="run directory (default: runs/demo-<time>)")
@@ -265,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (default: torch's, the number of cores); the numbers depend on "
         "it, so fix it to repeat a run on another machine",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rft demo``: see the module docstring."""
+    parser = _parser()
     args = parser.parse_args(argv)
     pin_cpu_kernels()
     if args.threads:
