@@ -34,14 +34,6 @@ class TokenCost:
             + self.train_tokens * self.prices.train
         ) / 1_000_000
 
-    def as_metrics(self, prefix: str = "") -> dict[str, float]:
-        return {
-            f"{prefix}prefill_tokens": float(self.prefill_tokens),
-            f"{prefix}sample_tokens": float(self.sample_tokens),
-            f"{prefix}train_tokens": float(self.train_tokens),
-            f"{prefix}cost_usd": self.dollars,
-        }
-
 
 class MetricsLogger:
     """Writes each step's record to ``run_dir/metrics.jsonl`` and to an MLflow run.

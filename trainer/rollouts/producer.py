@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from handlers import LoopThread
 from policy_server.jobs import Rejection
 from policy_server.server import PolicyServer
 from policy_server.trace import RolloutTrace
@@ -36,39 +36,6 @@ class PlayedRollout:
     request: RolloutRequest
     outcome: RolloutOutcome
     trace: RolloutTrace
-
-
-class LoopThread:
-    """An asyncio event loop in a daemon thread; other threads hand it coroutines."""
-
-    def __init__(self, name: str) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, ResultT]) -> Future[ResultT]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def run(self, coro: Coroutine[Any, Any, ResultT]) -> ResultT:
-        return self.submit(coro).result()
-
-    def close(self, last: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Cancel what still runs (rollouts of steps never trained on), await ``last()``, stop."""
-        if self._thread.is_alive():
-            self.run(self._cancel_all(last))
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-        self._loop.close()
-
-    @staticmethod
-    async def _cancel_all(last: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await last()
 
 
 @dataclass
