@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.agent_apps import hostile, letters
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters import main as letters
+from agents.letters.run_files import serving, write_run_files
+from tests.trainer.agent_apps import hostile
 from trainer.config import load_config
 from trainer.loop import train
 

@@ -17,8 +17,8 @@ import pytest
 import ray
 import torch
 
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import RayConfig, TrainConfig, load_config

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from trainer.cli import main as cli_main
 from trainer.config import load_config
 from trainer.learner.checkpoint import latest_checkpoint

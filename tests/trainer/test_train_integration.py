@@ -9,9 +9,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from tests.trainer.agent_apps.faulty import make_app
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
 

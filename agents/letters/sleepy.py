@@ -12,9 +12,9 @@ import asyncio
 import random
 from typing import Any
 
+from agents.letters import main as letters
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
-from tests.trainer.agent_apps import letters
 
 MAX_FACTOR = 8.0
 
