@@ -2,11 +2,9 @@
 
 torch runs its own vectorised kernels (softmax, norms, activations) at the widest instruction set
 the CPU has, and MKL picks its matrix-product kernels by CPU model; each adds up in its own order,
-so the same seed gives other numbers on an AVX-512 machine than on an AVX2 one. Measured on the full
-demo (seed 0): its warm start stopped at step 115 (held-out loss 0.0491) on an AMD EPYC with
-AVX-512, and at step 125 (0.0481) on the same machine with the kernels below, as it had on the
-machine of the earlier measurements; a run took the same time either way (131 s against 133 s for
-nine GRPO steps). So ``rft demo`` and the suite pin both to AVX2: torch through
+so the same seed gives other numbers on an AVX-512 machine than on an AVX2 one (the full demo's warm
+start stops at another step), while a run takes about the same time either way. So ``rft demo`` and
+the suite pin both to AVX2: torch through
 ``ATEN_CPU_CAPABILITY`` and MKL through its conditional numerical reproducibility (``MKL_CBWR``).
 Set either variable yourself to choose otherwise. GPU kernels are not affected.
 """

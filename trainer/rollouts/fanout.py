@@ -122,9 +122,9 @@ class Fanout:
         self._client_factory = agentcore_client or self._default_agentcore_client
         self._agentcore_clients: dict[str, Any] = {}
         # One HTTP client per concurrent rollout, not one pool for all: httpcore's pool scans every
-        # connection and queued request on each request, so a 64-connection pool cost ~5 ms of CPU per
-        # rollout (bench/fanout_capacity.py). A client takes one rollout at a time and keeps its
-        # connections to the targets alive; they share one TLS context (making one costs ~10 ms).
+        # connection and queued request on each request, which costs CPU per rollout that grows with
+        # the pool (bench/fanout_capacity.py). A client takes one rollout at a time and keeps its
+        # connections to the targets alive; they share one TLS context (costly to make).
         self._http_targets = sum(not is_runtime_arn(target.address) for target in self._targets)
         self._tls = ssl.create_default_context() if self._http_targets else None
         self._idle_http: list[httpx.AsyncClient] = []

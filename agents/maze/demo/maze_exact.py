@@ -8,8 +8,8 @@ every state reachable from each maze's start, asks the model once per state for 
 each of the four well-formed ``move`` calls (the whole assistant turn, teacher-forced, rendered
 exactly as the warm start's demonstrations are), and computes the chance of reaching the goal by
 dynamic programming, as ``agents.maze.baselines`` does for the walkers. It costs more than one
-played evaluation (four teacher-forced turns for each of ~12,000 states on the 64 mazes), and has no
-sampling error.
+played evaluation (four teacher-forced turns for each of the many states of the 64 mazes), and has
+no sampling error.
 
 ``success`` is the chance of reaching the goal when every call is one of the four, renormalised
 over them: the success the policy's choice of moves gives, without its format slips (a played
