@@ -13,6 +13,7 @@ _LAZY = {
     "load_config": "trainer.config",
     "train": "trainer.loop",
     "RunSummary": "trainer.run",
+    "EvaluationHook": "trainer.run",
     "TrainingError": "trainer.errors",
     "Learner": "trainer.learner.learner",
 }

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.context import RolloutContext
-from handlers.decorator import rft_app
+from handlers import RolloutContext, rft_app
 
 TARGET_LETTERS = frozenset("abcdefghijklm")
 

@@ -13,8 +13,7 @@ import random
 from typing import Any
 
 from agents.letters import main as letters
-from handlers.context import RolloutContext
-from handlers.decorator import rft_app
+from handlers import RolloutContext, rft_app
 
 MAX_FACTOR = 8.0
 

@@ -1,7 +1,7 @@
 """``rft sft``: supervised warm start of a LoRA adapter on demonstrations. What text and vision share
 (``common``), the text training (``text``), vision-language models (``vision``), the command (``cli``).
 
-``from trainer.sft import run_sft`` loads torch only when used.
+The public surface, loaded lazily (torch only when used): ``from trainer.sft import run_sft``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ _LAZY = {
     "StopAtLoss": "trainer.sft.common",
     "DemonstrationError": "trainer.sft.common",
     "load_demonstrations": "trainer.sft.common",
+    "encode_demonstration": "trainer.sft.common",
+    "demonstration_batch": "trainer.sft.common",
+    "pad_token_id": "trainer.sft.common",
+    "IGNORE": "trainer.sft.common",
+    "PROJECTION_MODULES": "trainer.sft.common",
+    "DEFAULT_TARGET_MODULES": "trainer.sft.common",
+    "build_parser": "trainer.sft.cli",
+    "run": "trainer.sft.cli",
 }
 
 __all__ = sorted(_LAZY)

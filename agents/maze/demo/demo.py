@@ -56,12 +56,12 @@ from agents.maze.demo.plans import (
 )
 from agents.maze.demo.report import plot_progress, reachable_table, result_table
 from trainer.config import TrainConfig
-from trainer.ops.cpu_kernels import pin_cpu_kernels
+from trainer.ops import pin_cpu_kernels
 
 if TYPE_CHECKING:
     from agents.maze.demo.gallery import EpisodeGallery
-    from trainer.run import RunSummary
-    from trainer.sft.common import SftResult
+    from trainer import RunSummary
+    from trainer.sft import SftResult
 
 AGENT_PORT_FOR_RERUN = 8080
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
@@ -192,7 +192,7 @@ def _grpo(setup: _GrpoSetup, init_adapter: Path) -> tuple[RunSummary, EpisodeGal
     """Stages 3 and 4: the maze agent served, then ``rft train`` against it (evaluations included)."""
     from agents.maze.demo.gallery import EpisodeGallery
     from policy_server.chat_templates import load_tokenizer
-    from trainer.loop import train
+    from trainer import train
 
     plan, run_dir = setup.plan, setup.run_dir
     banner("3/5 maze agent on uvicorn, policy server and trainer over loopback HTTP")

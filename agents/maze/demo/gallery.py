@@ -23,8 +23,8 @@ from agents.maze.gallery import Episode, episode_frames, strip_png
 from agents.maze.main import parse_maze
 from policy_server.chat_format import parse_tool_calls
 from policy_server.trace import RolloutTrace
-from trainer.ops.metrics import MetricsLogger
-from trainer.rollouts.producer import PlayedRollout
+from trainer.ops import MetricsLogger
+from trainer.rollouts import PlayedRollout
 
 log = logging.getLogger(__name__)
 DIRECTIONS = {direction.value for direction in Direction}

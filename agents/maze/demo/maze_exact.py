@@ -105,7 +105,7 @@ class CallScorer:
         self, demonstrations: Sequence[dict[str, Any]], temperature: float = 1.0, batch_size: int = 32
     ) -> list[float]:
         """P(the assistant turn | its request) for each demonstration, sampling at ``temperature``."""
-        from trainer.sft.common import IGNORE, demonstration_batch, encode_demonstration, pad_token_id
+        from trainer.sft import IGNORE, demonstration_batch, encode_demonstration, pad_token_id
 
         pad_id = pad_token_id(self.model.config)
         encoded = [encode_demonstration(self.tokenizer, demo) for demo in demonstrations]

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.maze.demo.plans import TINY_TARGET_MODULES, VISION_TOWER_MODULES, DemoPlan
-from trainer.sft.common import SftResult, StopAtLoss
-from trainer.sft.text import run_sft
+from trainer.sft import SftResult, StopAtLoss, run_sft
 
 # The warm start's stopping check walks these many mazes, from a seed no training maze reaches.
 SFT_HELD_OUT_MAZES = 20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from trainer.sft.common import PROJECTION_MODULES
+from trainer.sft import PROJECTION_MODULES
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ import argparse
 from typing import Any
 
 from agents.maze.demonstrations import maze_demonstrations
-from trainer.sft.cli import build_parser, run
-from trainer.sft.common import load_demonstrations
+from trainer.sft import build_parser, load_demonstrations, run
 
 
 def _maze_sources(parser: argparse.ArgumentParser, source: argparse._MutuallyExclusiveGroup) -> None:
