@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous training on one agent whose episodes take a long-tailed time.
 
-The agent is ``tests/trainer/agent_apps/sleepy.py``: the letters agent (two real model calls per
+The agent is ``agents/letters/sleepy.py``: the letters agent (two real model calls per
 episode through the policy server) after a seeded log-normal sleep, ``--sleep-s`` median, so a step's
 rollouts end when its slowest episode does. The same short ``rft train`` run (tiny model, hf engine,
 LoRA learner, all in this process, on this machine's cores) is played with ``max_off_policy_steps``
@@ -37,9 +37,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.letters.run_files import QUESTIONS, serving, write_run_files  # noqa: E402
+from agents.letters.sleepy import app  # noqa: E402
 from policy_server.models.tiny import build_tiny_model  # noqa: E402
-from tests.trainer.agent_apps.serving import QUESTIONS, serving, write_run_files  # noqa: E402
-from tests.trainer.agent_apps.sleepy import app  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.loop import train  # noqa: E402
 

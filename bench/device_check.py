@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.sft import PROJECTION_MODULES  # noqa: E402
+from trainer.sft.common import PROJECTION_MODULES  # noqa: E402
 
 LORA_R = 16
 
@@ -143,7 +143,7 @@ def summarise(history: list[dict[str, Any]]) -> dict[str, Any]:
 
 def warm_start(model_dir: Path, out_dir: Path, args: argparse.Namespace) -> Path:
     from agents.maze.demonstrations import maze_demonstrations
-    from trainer.sft import run_sft
+    from trainer.sft.text import run_sft
 
     result = run_sft(
         model_dir,
@@ -173,17 +173,18 @@ def _maze(args: argparse.Namespace, model_dir: Path) -> tuple[Path, Path | None]
 def _agent(args: argparse.Namespace) -> contextlib.AbstractContextManager[str]:
     if args.agent:
         return contextlib.nullcontext(args.agent)
-    from trainer.demo import serve_agent
+    from agents.maze.demo.agent_process import serve_agent
 
     return serve_agent()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Model, warm start, agent, GRPO steps; returns what is written to ``args.out``."""
-    from trainer.demo import TINY_TARGET_MODULES, maze_corpus
+    from agents.maze.demo.model import maze_corpus
+    from agents.maze.demo.plans import TINY_TARGET_MODULES
     from trainer.loop import train
-    from trainer.placement import detect_gpus, node_for
-    from trainer.plan import make_plan, shape_for
+    from trainer.scale.placement import detect_gpus, node_for
+    from trainer.scale.plan import make_plan, shape_for
 
     started = time.monotonic()
     shutil.rmtree(args.run_dir, ignore_errors=True)

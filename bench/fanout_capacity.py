@@ -3,7 +3,7 @@
 Stub agents answer ``{"reward": 1.0}`` at once (a raw ASGI app on rftkit's one serving helper,
 ``handlers.serving.ServingThread``), each in its own process so the fan-out's process is measured
 alone; they never call the model, so no engine is involved. This process plays rounds of rollouts
-through :class:`trainer.fanout.Fanout` (the trainer's wire payloads, its concurrency limit, target
+through :class:`trainer.rollouts.fanout.Fanout` (the trainer's wire payloads, its concurrency limit, target
 choice, deadline and answer parsing) and reports the median rollouts per second over the rounds, and
 the fan-out's own CPU seconds per rollout (this process's CPU time / rollouts), which bounds what
 one core of orchestration can sustain whatever the agents cost.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 
-from trainer.fanout import Fanout, RolloutRequest  # noqa: E402
+from trainer.rollouts.fanout import Fanout, RolloutRequest  # noqa: E402
 
 JOB = "arn:aws:sagemaker:bench:job/fanout-capacity"
 ANSWER = b'{"reward": 1.0}'

@@ -5,7 +5,7 @@ feedback as tool results), rendered through the tiny model's tokenizer and chat 
 the policy server feeds it: the prompt of call k is ``apply_chat_template(messages, tools=...,
 add_generation_prompt=True)``, the completion is the assistant turn the template renders (ending in
 ``<|im_end|>``), and its logprobs are the tiny model's, teacher-forced, as a sampler records them.
-The traces go through :func:`trainer.sequences.count_train_tokens`; the merged sequences are then
+The traces go through :func:`trainer.algo.sequences.count_train_tokens`; the merged sequences are then
 scored again by the model to check that merging kept every completion logprob.
 
     .venv/bin/python bench/merge_ratio.py [--games 32] [--seed 0] [--out bench/results/merge_ratio.json]
@@ -37,8 +37,8 @@ from transformers import AutoModelForCausalLM
 from policy_server.models.chat_templates import load_tokenizer
 from policy_server.models.tiny import build_tiny_model
 from policy_server.trace import CallRecord, RolloutTrace
-from trainer.grpo import token_logprobs
-from trainer.sequences import build_sequences, count_train_tokens, pad_batch
+from trainer.algo.grpo import token_logprobs
+from trainer.algo.sequences import build_sequences, count_train_tokens, pad_batch
 
 TURNS = 6
 SYSTEM_PROMPT = (

@@ -6,7 +6,8 @@ result. Prompts are rendered as the hf engine renders them for the tiny VLM (cha
 each ``<|image_pad|>`` expanded to the image's patch tokens by ``policy_server/models/vision_inputs.py``);
 the completion is the assistant turn the template renders (a canonical tool call ending in
 ``<|im_end|>``). The traces carry their images' ``ImageRef`` s as the policy server records them and
-go through :func:`trainer.sequences.count_train_tokens` and :func:`trainer.sequences.build_sequences`.
+go through :func:`trainer.algo.sequences.count_train_tokens` and
+:func:`trainer.algo.sequences.build_sequences`.
 
     .venv/bin/python bench/vision_merge_ratio.py [--games 16] [--turns 6] [--seed 0] \
         [--out bench/results/vision_merge_ratio.json]
@@ -31,7 +32,7 @@ from policy_server.http.images import ImageLimits, locate_images, request_images
 from policy_server.models.tiny_vision import build_tiny_vision_model
 from policy_server.models.vision_inputs import VisionInputs
 from policy_server.trace import CallRecord, RolloutTrace
-from trainer.sequences import build_sequences, count_train_tokens
+from trainer.algo.sequences import build_sequences, count_train_tokens
 
 SIZE, CELLS = 64, 8
 MOVES = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}

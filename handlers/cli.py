@@ -18,11 +18,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "policy_server.models.model_cli:tiny_model_main",
         "the old name of `rft model tiny`",
     ),
-    "sft": ("trainer.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
-    "plan": ("trainer.plan:main", "estimate a config's memory per device and refuse one that cannot fit"),
+    "sft": ("agents.maze.demo.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
+    "plan": (
+        "trainer.scale.plan_cli:main",
+        "estimate a config's memory per device and refuse one that cannot fit",
+    ),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),
-    "demo": ("trainer.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
-    "status": ("trainer.status:main", "a table of a run in progress or finished, from its directory"),
+    "demo": ("agents.maze.demo.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
+    "status": ("trainer.ops.status:main", "a table of a run in progress or finished, from its directory"),
 }
 
 

@@ -34,7 +34,7 @@ LONGEST_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     """Before any test's first tensor operation: the CPU kernels `rft demo` uses, so a test's numbers
     are the same on any x86 machine with AVX2 (trainer/cpu_kernels.py)."""
-    from trainer.cpu_kernels import pin_cpu_kernels
+    from trainer.ops.cpu_kernels import pin_cpu_kernels
 
     pin_cpu_kernels()
 

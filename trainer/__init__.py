@@ -12,9 +12,10 @@ _LAZY = {
     "ConfigError": "trainer.config",
     "load_config": "trainer.config",
     "train": "trainer.loop",
-    "RunSummary": "trainer.loop",
-    "TrainingError": "trainer.loop",
-    "Learner": "trainer.learner",
+    "RunSummary": "trainer.run",
+    "EvaluationHook": "trainer.run",
+    "TrainingError": "trainer.errors",
+    "Learner": "trainer.learner.learner",
 }
 
 __all__ = sorted(_LAZY)

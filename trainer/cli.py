@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"rft train: {error}", file=sys.stderr)
         return 2
-    from trainer.loop import TrainingError, train
-    from trainer.placement import PlacementError
-    from trainer.plan import PlanError
+    from trainer.errors import TrainingError
+    from trainer.loop import train
+    from trainer.scale.placement import PlacementError
+    from trainer.scale.plan import PlanError
 
     try:
         summary = train(config, resume=args.resume)

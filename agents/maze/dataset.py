@@ -19,7 +19,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from agents.maze.env import Maze, generate
+from agents.maze.env import Maze
+from agents.maze.generator import generate
 
 SIZES = (4, 5, 6)
 EVAL_SIZE = 64

@@ -37,8 +37,7 @@ from agents.maze.observation import (
     start_content,
     step_content,
 )
-from handlers import InvalidRowError, RolloutContext, rft_app
-from handlers.episode_errors import ends_episode
+from handlers import InvalidRowError, RolloutContext, ends_episode, rft_app
 
 logger = logging.getLogger(__name__)
 

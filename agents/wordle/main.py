@@ -21,8 +21,7 @@ from strands.types.tools import AgentTool
 from agents.wordle.game import MAX_GUESSES, MAX_TOOL_CALLS, WORD_LENGTH, GameStatus, WordleGame
 from agents.wordle.reward import game_reward
 from agents.wordle.word_lists import allowed_guesses
-from handlers import InvalidRowError, RolloutContext, rft_app
-from handlers.episode_errors import ends_episode
+from handlers import InvalidRowError, RolloutContext, ends_episode, rft_app
 
 logger = logging.getLogger(__name__)
 

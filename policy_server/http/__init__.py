@@ -1,5 +1,5 @@
 """The gateway's HTTP layer: routes, credentials, request bodies and responses, the chat-completions
-wire format, images in requests, and the metrics port.
+wire format (requests in ``chat_api``, answers in ``chat_replies``), images in requests, and the metrics port.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 _LAZY: dict[str, tuple[str, str]] = {
     "AuthMiddleware": ("policy_server.http.auth", "AuthMiddleware"),
     "ChatCompletionRequest": ("policy_server.http.chat_api", "ChatCompletionRequest"),
-    "CompletionIds": ("policy_server.http.chat_api", "CompletionIds"),
+    "CompletionIds": ("policy_server.http.chat_replies", "CompletionIds"),
     "SageMakerTokenPolicy": ("policy_server.http.sigv4_token", "SageMakerTokenPolicy"),
     "ServerMetrics": ("policy_server.http.metrics", "ServerMetrics"),
     "TokenRejected": ("policy_server.http.sigv4_token", "TokenRejected"),
     "build_app": ("policy_server.http.app", "build_app"),
     "check_token": ("policy_server.http.sigv4_token", "check_token"),
-    "completion_body": ("policy_server.http.chat_api", "completion_body"),
+    "completion_body": ("policy_server.http.chat_replies", "completion_body"),
     "describe_validation_error": ("policy_server.http.chat_api", "describe_validation_error"),
     "error_response": ("policy_server.http.responses", "error_response"),
     "generation_request": ("policy_server.http.chat_api", "generation_request"),
@@ -27,8 +27,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "parse_token": ("policy_server.http.sigv4_token", "parse_token"),
     "parse_tool_calls": ("policy_server.http.chat_format", "parse_tool_calls"),
     "read_body": ("policy_server.http.bodies", "read_body"),
+    "refusal": ("policy_server.http.chat_api", "refusal"),
+    "sampled_logprobs": ("policy_server.http.chat_replies", "sampled_logprobs"),
     "start_metrics_server": ("policy_server.http.metrics", "start_metrics_server"),
-    "stream_chunks": ("policy_server.http.chat_api", "stream_chunks"),
+    "stream_chunks": ("policy_server.http.chat_replies", "stream_chunks"),
 }
 
 if TYPE_CHECKING:
@@ -37,14 +39,18 @@ if TYPE_CHECKING:
     from policy_server.http.bodies import parse_model, read_body
     from policy_server.http.chat_api import (
         ChatCompletionRequest,
-        CompletionIds,
-        completion_body,
         describe_validation_error,
         generation_request,
         parse_request,
-        stream_chunks,
+        refusal,
     )
     from policy_server.http.chat_format import normalize_messages, parse_tool_calls
+    from policy_server.http.chat_replies import (
+        CompletionIds,
+        completion_body,
+        sampled_logprobs,
+        stream_chunks,
+    )
     from policy_server.http.metrics import ServerMetrics, start_metrics_server
     from policy_server.http.responses import error_response
     from policy_server.http.sigv4_token import SageMakerTokenPolicy, TokenRejected, check_token, parse_token
@@ -68,6 +74,8 @@ __all__ = [
     "parse_token",
     "parse_tool_calls",
     "read_body",
+    "refusal",
+    "sampled_logprobs",
     "start_metrics_server",
     "stream_chunks",
 ]

@@ -40,7 +40,8 @@ from policy_server.http.bodies import (
     parse_model,
     read_body,
 )
-from policy_server.http.chat_api import CompletionIds, completion_body, parse_request, stream_chunks
+from policy_server.http.chat_api import parse_request
+from policy_server.http.chat_replies import CompletionIds, completion_body, stream_chunks
 from policy_server.http.responses import ClientGone, error_response, sse, unless_disconnected
 
 if TYPE_CHECKING:

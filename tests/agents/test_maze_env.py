@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agents.maze.dataset import EVAL_SIZE, eval_rows, row_maze, train_rows, write_dataset
-from agents.maze.env import MOVE_SLACK, Direction, Maze, MazeGame, generate
+from agents.maze.env import Direction, Maze, MazeGame
+from agents.maze.generator import MOVE_SLACK, generate
 from agents.maze.render import direction_status, start_text, state_text, step_text
 from agents.maze.solver import shortest_path
 

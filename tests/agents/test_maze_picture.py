@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from agents.maze.dataset import eval_rows, row_maze
-from agents.maze.env import MazeGame, generate
+from agents.maze.env import MazeGame
+from agents.maze.generator import generate
 from agents.maze.picture import AGENT, CELL_PX, GOAL, OPEN, WALL, canvas_side, game_png, render_png
 from agents.maze.solver import shortest_path
 

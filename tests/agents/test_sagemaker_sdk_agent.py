@@ -19,7 +19,8 @@ from handlers.protocol import RolloutPayload
 from handlers.smoke import BUILTIN_PAYLOAD, Outcome, smoke_url
 from tests.agents.test_agent_install import free_port
 from trainer.config import load_config
-from trainer.loop import TrainingError, train
+from trainer.errors import TrainingError
+from trainer.loop import train
 
 AGENT = Path(__file__).resolve().parent / "sagemaker_sdk" / "main.py"
 FAKE_KEY_ID = "AKIAIOSFODNN7EXAMPLE"

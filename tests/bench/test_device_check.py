@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import QUESTIONS, serving
+from agents.letters.main import app
+from agents.letters.run_files import QUESTIONS, serving
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "device_check.py"
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policy_server.engines.hf import HFEngine
 from policy_server.server import PolicyServer
-from trainer.prometheus import StepExporter
+from trainer.ops.prometheus import StepExporter
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "rftkit.json"

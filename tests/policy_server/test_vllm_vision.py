@@ -158,9 +158,9 @@ def test_a_grpo_step_on_vllm_image_episodes_is_hot_loaded_into_vllm(
 ) -> None:
     """vLLM samples two image episodes; the learner matches its logprobs, takes one GRPO step on the
     language model's LoRA, and vLLM serves the new adapter with the learner's numbers."""
+    from trainer.algo.sequences import build_sequences
     from trainer.config import TrainConfig
-    from trainer.learner import Learner
-    from trainer.sequences import build_sequences
+    from trainer.learner.learner import Learner
 
     server, thread = served
     red, blue, green = (200, 0, 0), (0, 0, 200), (0, 160, 0)

@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.agent_apps.serving import QUESTIONS, serving, write_run_files
-from tests.trainer.agent_apps.sleepy import app
+from agents.letters.run_files import QUESTIONS, serving, write_run_files
+from agents.letters.sleepy import app
 from tests.trainer.test_determinism import _without_timing
 from trainer.config import load_config
-from trainer.loop import LOG_FILE, RunSummary, train
+from trainer.loop import train
+from trainer.run import LOG_FILE, RunSummary
 
 
 def _records(summary: RunSummary) -> list[dict[str, Any]]:

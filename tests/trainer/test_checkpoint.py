@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from trainer.algo.sequences import TrainingSequence
+from trainer.config import TrainConfig
+from trainer.learner.checkpoint import (
     DataPosition,
     RunState,
     latest_checkpoint,
@@ -16,9 +18,7 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.config import TrainConfig
-from trainer.learner import Learner
-from trainer.sequences import TrainingSequence
+from trainer.learner.learner import Learner
 
 
 def _learner(model_dir: Path) -> Learner:

@@ -108,7 +108,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.loss_type == "dapo"
     assert config.scale_rewards == "group"
     assert config.beta == 0.0
-    assert config.clip_high == config.epsilon == 0.2
+    assert config.epsilon_high is None and config.epsilon == 0.2
     assert config.reward_aggregation == "sum"
     assert (config.prices.prefill, config.prices.sample, config.prices.train) == (0.12, 0.30, 0.36)
     assert config.train_file == tmp_path / "configs" / "train.jsonl"
@@ -149,7 +149,7 @@ def test_overrides_parse_yaml_scalars_into_nested_fields(tmp_path: Path) -> None
     )
     assert config.lora.r == 4
     assert config.learning_rate == 1e-4
-    assert config.clip_high == 0.28
+    assert config.epsilon_high == 0.28
     assert config.eval_steps is None
     assert config.agents == ["http://a:1", "http://b:2"]
     assert config.lora.target_modules == "all-linear"

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 from tests.conftest import REPO_ROOT
-from trainer.cpu_kernels import AVX2_KERNELS
+from trainer.ops.cpu_kernels import AVX2_KERNELS
 
 PROBE = (
-    "import os, torch; from trainer.cpu_kernels import pin_cpu_kernels; pin_cpu_kernels(); "
+    "import os, torch; from trainer.ops.cpu_kernels import pin_cpu_kernels; pin_cpu_kernels(); "
     "print(torch.backends.cpu.get_cpu_capability(), os.environ.get('MKL_CBWR'))"
 )
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainer.dataset import PromptColumnError, select_prompts
+from trainer.rollouts.dataset import PromptColumnError, select_prompts
 
 SERVICE_ROW = {"prompt": json.dumps({"question": "What is 2 + 2?", "answer": 4}), "split": "train"}
 OWN_ROW = {"secret": "crane"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.demo import main
+from agents.maze.demo.demo import main
 
 # The quick demo: 16 GRPO steps of 4 mazes x 8 rollouts, then 32 mazes x 2 rollouts sampled at
 # temperature 1 with the same seeds before and after (a paired comparison). The hf engine is

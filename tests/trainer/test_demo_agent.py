@@ -11,7 +11,7 @@ import psutil
 
 SCRIPT = """
 import time
-from trainer.demo import serve_agent
+from agents.maze.demo.agent_process import serve_agent
 with serve_agent() as url:
     print(url, flush=True)
     time.sleep(600)

@@ -11,15 +11,16 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from agents.maze.dataset import eval_rows, row_maze
+from agents.maze.demo.gallery import EpisodeGallery, trace_moves
 from agents.maze.env import MazeGame
 from agents.maze.picture import game_png
 from agents.maze.solver import shortest_path
 from policy_server.models.chat_templates import load_tokenizer
 from policy_server.trace import CallRecord, RolloutTrace
-from trainer.demo_gallery import EpisodeGallery, trace_moves
-from trainer.fanout import RolloutOutcome, RolloutRequest
-from trainer.loop import PlayedRollout
-from trainer.metrics import MetricsLogger
+from trainer.ops.metrics import MetricsLogger
+from trainer.rollouts.fanout import RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome
+from trainer.rollouts.producer import PlayedRollout
 
 ROW = eval_rows()[1]
 

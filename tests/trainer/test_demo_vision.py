@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from trainer.demo import GALLERY_MAZES, VISION_QUICK, main
+from agents.maze.demo.demo import GALLERY_MAZES, main
+from agents.maze.demo.plans import VISION_QUICK
 
 
 @pytest.mark.slow

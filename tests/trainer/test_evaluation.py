@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from trainer.evaluation import evaluate
-from trainer.fanout import FailureCause, RolloutOutcome, RolloutRequest, mean_agent_metrics
+from trainer.rollouts.evaluation import evaluate
+from trainer.rollouts.fanout import FailureCause, RolloutRequest
+from trainer.rollouts.outcomes import RolloutOutcome, mean_agent_metrics
 
 
 def _request(index: int, row: Any, generation: int) -> RolloutRequest:

@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,17 +30,13 @@ from handlers.decorator import rft_app
 from handlers.protocol import InferenceParams, RftkitExtras
 from handlers.serving import ServingThread
 from trainer.config import TrainConfig
-from trainer.fanout import (
-    FailureCause,
+from trainer.rollouts.fanout import FailureCause, Fanout, RolloutRequest, runtime_session_id
+from trainer.rollouts.outcomes import (
     FailureCounts,
-    Fanout,
     RolloutOutcome,
-    RolloutRequest,
     aggregate_rewards,
     group_is_trainable,
-    group_requests,
     resolve_reward,
-    runtime_session_id,
 )
 
 JOB = "arn:aws:sagemaker:us-east-1:123456789012:training-job/rftkit-test"
@@ -60,9 +57,15 @@ NOWHERE = f"http://127.0.0.1:{_closed_port()}"
 
 def _requests(rows: list[Any], **kwargs: Any) -> list[RolloutRequest]:
     return [
-        request
+        RolloutRequest(
+            row=row,
+            rollout_id=f"g{index}-0-{uuid.uuid4().hex[:16]}",
+            group_index=index,
+            job_arn=JOB,
+            endpoint=NOWHERE,
+            **kwargs,
+        )
         for index, row in enumerate(rows)
-        for request in group_requests(row, index, 1, job_arn=JOB, endpoint=NOWHERE, **kwargs)
     ]
 
 
@@ -565,11 +568,9 @@ def test_group_is_trainable() -> None:
     assert not group_is_trainable([])
 
 
-def test_group_requests_and_from_config() -> None:
-    requests = group_requests({"secret": "crane"}, 3, 4, job_arn=JOB, endpoint="http://127.0.0.1:9/v1")
-    assert len({request.rollout_id for request in requests}) == 4
-    assert {request.group_index for request in requests} == {3}
-    assert requests[0].payload().to_wire()["metadata"]["endpoint"] == "http://127.0.0.1:9"
+def test_request_payload_and_from_config() -> None:
+    request = RolloutRequest({"secret": "crane"}, "r-1", 3, job_arn=JOB, endpoint="http://127.0.0.1:9/v1")
+    assert request.payload().to_wire()["metadata"]["endpoint"] == "http://127.0.0.1:9"
 
     config = TrainConfig(agents=["http://a:1/", ARN], max_concurrent_rollouts=5, reward_aggregation="last")
 

@@ -8,8 +8,7 @@ import typing
 import pytest
 import torch
 
-from trainer.config import ImportanceSamplingMode as ConfigMode
-from trainer.grpo import (
+from trainer.algo.grpo import (
     IMPORTANCE_SAMPLING_MODES,
     entropy_from_logits,
     group_advantages,
@@ -17,6 +16,7 @@ from trainer.grpo import (
     sampler_importance_weights,
     token_logprobs,
 )
+from trainer.config import ImportanceSamplingMode as ConfigMode
 
 # The batch most tests use: 2 sequences, 5 columns, epsilon 0.2 (ratio band [0.8, 1.2]).
 #   sequence 0: advantage +1,   loss mask [0, 1, 1, 1, 0], ratios on the masked tokens 1.0, 1.5, 0.7

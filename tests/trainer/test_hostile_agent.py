@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.agent_apps import hostile, letters
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters import main as letters
+from agents.letters.run_files import serving, write_run_files
+from tests.trainer.agent_apps import hostile
 from trainer.config import load_config
 from trainer.loop import train
 
@@ -68,7 +69,7 @@ def test_a_taken_trace_or_a_closed_job_does_not_crash_the_session(
     in process: the rollout fails with its cause and the session still closes cleanly."""
     from handlers.decorator import rft_app
     from policy_server.engines.hf import HFEngine
-    from trainer.loop import _Session
+    from trainer.session import Session as _Session
 
     session: _Session | None = None
 

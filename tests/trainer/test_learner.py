@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from trainer.algo.grpo import token_logprobs
+from trainer.algo.sequences import TrainingSequence
 from trainer.config import TrainConfig
-from trainer.grpo import token_logprobs
-from trainer.learner import REFERENCE_ADAPTER, Learner
-from trainer.sequences import TrainingSequence
+from trainer.learner.learner import Learner
+from trainer.learner.model import REFERENCE_ADAPTER
 
 
 def _sequences(
@@ -256,7 +257,7 @@ def test_bfloat16_hf_engine_and_learner_agree_on_sampled_logprobs(tiny_model_dir
 
     from policy_server.engines.base import GenerationRequest
     from policy_server.engines.hf import HFEngine
-    from trainer.sequences import pad_batch
+    from trainer.algo.sequences import pad_batch
 
     async def sample() -> list:
         engine = HFEngine(tiny_model_dir, dtype=torch.bfloat16, max_batch_size=4)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.grpo import entropy_from_logits, token_logprobs
-from trainer.logprobs import chunked_token_logprobs, logit_transform
+from trainer.algo.grpo import entropy_from_logits, token_logprobs
+from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
 
 
 @pytest.fixture(scope="module")

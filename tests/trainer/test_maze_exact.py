@@ -16,10 +16,10 @@ import torch
 
 from agents.maze.baselines import DIRECTIONS, greedy_walker, success_probability
 from agents.maze.dataset import eval_rows, row_maze
+from agents.maze.demo.maze_exact import CallScorer, exact_success, reachable_requests
 from agents.maze.demonstrations import episode_demonstrations
-from trainer.grpo import token_logprobs
-from trainer.maze_exact import CallScorer, exact_success, reachable_requests
-from trainer.sft import encode_demonstration
+from trainer.algo.grpo import token_logprobs
+from trainer.sft.common import encode_demonstration
 
 
 def test_every_request_a_walker_sends_is_one_of_the_enumerated_states() -> None:

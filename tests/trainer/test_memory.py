@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.memory import ModelShape
+from trainer.scale.memory import ModelShape
 
 CONFIGS = Path(__file__).parent / "model_configs"
 
@@ -53,7 +53,7 @@ def test_tiny_model_counts_equal_torch_and_peft(tiny_model_dir: Path) -> None:
 
 
 def test_a_config_without_sizes_is_refused() -> None:
-    from trainer.memory import ModelShapeError
+    from trainer.scale.memory import ModelShapeError
 
     with pytest.raises(ModelShapeError, match="hidden_size"):
         ModelShape.from_config({"vocab_size": 10})

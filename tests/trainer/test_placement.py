@@ -6,8 +6,8 @@ import pytest
 
 from policy_server.engines.vllm import VLLMEngine
 from trainer.config import TrainConfig
-from trainer.loop import build_engine
-from trainer.placement import Gpu, Node, PlacementError, cuda_visible_devices, node_for, place
+from trainer.scale.placement import Gpu, Node, PlacementError, cuda_visible_devices, node_for, place
+from trainer.session import build_engine
 
 GB = 10**9
 

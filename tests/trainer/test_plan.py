@@ -13,8 +13,8 @@ import yaml
 
 from handlers.cli import main as rft
 from trainer.config import load_config
-from trainer.placement import RAY_REPLICAS, Gpu, Node
-from trainer.plan import PlanError, check, make_plan, preflight, shape_for
+from trainer.scale.placement import RAY_REPLICAS, Gpu, Node
+from trainer.scale.plan import PlanError, check, make_plan, preflight, shape_for
 
 CONFIGS = Path(__file__).parent / "model_configs"
 NO_GPU_HERE = not torch.cuda.is_available()

@@ -56,7 +56,12 @@ def test_ray_is_imported_only_by_the_modules_a_ray_section_reaches() -> None:
     # Ray is an optional extra: importing the packages (as a run without a ray section does) must
     # not import it. Only the replicated engine imports it at module level, and nothing imports that
     # engine, or the trainer's Ray module, at module level.
-    lazy = {"ray", "policy_server.engines.ray.engine", "trainer.ray_cluster", "trainer.distributed"}
+    lazy = {
+        "ray",
+        "policy_server.engines.ray.engine",
+        "trainer.scale.ray_cluster",
+        "trainer.learner.distributed",
+    }
     importers = {
         path.relative_to(REPO).as_posix(): sorted(
             name for name in _top_level_imports(path) if name.split(".")[0] == "ray" or name in lazy

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.demo import QUICK, run_demo
+from agents.maze.demo.demo import run_demo
+from agents.maze.demo.plans import QUICK
 
 # The quick plan's warm start, so both steps have groups with reward variance and the workers train
 # (after 80 warm-start steps instead of 150, neither step had one).

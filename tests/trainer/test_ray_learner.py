@@ -17,15 +17,17 @@ import pytest
 import ray
 import torch
 
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
+from trainer.algo.grpo import token_logprobs
+from trainer.algo.sequences import TrainingSequence
 from trainer.config import RayConfig, TrainConfig, load_config
-from trainer.distributed import ACTOR_PREFIX, RayLearner, train_with_auto_resume
-from trainer.grpo import token_logprobs
-from trainer.learner import Learner
-from trainer.loop import LOG_FILE, RunSummary, TrainingError, train
-from trainer.ray_cluster import ray_cluster as ray_cluster_of
-from trainer.sequences import TrainingSequence
+from trainer.errors import TrainingError
+from trainer.learner.distributed import ACTOR_PREFIX, RayLearner, train_with_auto_resume
+from trainer.learner.learner import Learner
+from trainer.loop import train
+from trainer.run import LOG_FILE, RunSummary
+from trainer.scale.ray_cluster import ray_cluster as ray_cluster_of
 
 
 @pytest.fixture(scope="module")

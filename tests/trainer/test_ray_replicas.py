@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 import ray
 
+from agents.letters import main as letters
+from agents.letters.run_files import serving, write_run_files
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
-from policy_server.http.chat_api import ChatCompletionRequest
 from policy_server.engines.ray.engine import RayEngine
+from policy_server.http.chat_api import ChatCompletionRequest
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
-from tests.trainer.agent_apps import letters
-from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config, validate_config
 from trainer.loop import train
-from trainer.ray_cluster import ray_engine, start_local_cluster
+from trainer.scale.ray_cluster import ray_engine, start_local_cluster
 
 JOB = "job-ray"
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from policy_server.trace import CallRecord, RolloutTrace
-from trainer.grpo import token_logprobs
-from trainer.sequences import (
+from trainer.algo.grpo import token_logprobs
+from trainer.algo.sequences import (
     TrainingSequence,
     build_sequences,
     count_train_tokens,

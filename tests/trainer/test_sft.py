@@ -9,15 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
-from agents.maze.env import generate
-from trainer.sft import (
-    DemonstrationError,
-    StopAtLoss,
-    encode_demonstration,
-    load_demonstrations,
-    main,
-    run_sft,
-)
+from agents.maze.generator import generate
+from trainer.sft.cli import main
+from trainer.sft.common import DemonstrationError, StopAtLoss, encode_demonstration, load_demonstrations
+from trainer.sft.text import run_sft
 
 TARGETS = ["embed_tokens", "q_proj", "v_proj", "lm_head"]
 

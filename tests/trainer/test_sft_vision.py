@@ -14,8 +14,9 @@ from transformers import AutoConfig
 from agents.maze.demonstrations import maze_demonstrations
 from policy_server.models.chat_templates import load_tokenizer
 from policy_server.models.vision_inputs import VisionInputs
-from trainer.sft import DemonstrationError, encode_demonstration, run_sft
-from trainer.sft_vision import encode_vision_demonstration
+from trainer.sft.common import DemonstrationError, encode_demonstration
+from trainer.sft.text import run_sft
+from trainer.sft.vision import encode_vision_demonstration
 
 # Every language-model projection, the embeddings and the output layer, and the vision side: the
 # tower's attention and MLP and the patch merger (the projector into the language model).

@@ -14,16 +14,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agents.letters.main import app as letters_app
+from agents.letters.run_files import serving, write_run_files
 from agents.maze.demonstrations import maze_demonstrations
 from agents.maze.main import app as maze_app
 from policy_server.engines.hf import HFEngine
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
-from tests.trainer.agent_apps.letters import app as letters_app
-from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
-from trainer.sft import PROJECTION_MODULES, run_sft
+from trainer.sft.common import PROJECTION_MODULES
+from trainer.sft.text import run_sft
 
 pytestmark = pytest.mark.slow
 

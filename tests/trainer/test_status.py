@@ -17,15 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.letters.main import rollout as play_letters
+from agents.letters.run_files import serving, write_run_files
 from handlers.cli import main as rft
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
-from tests.trainer.agent_apps.letters import rollout as play_letters
-from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
-from trainer.prometheus import PHASES, StepExporter
-from trainer.status import read_status, render
+from trainer.ops.prometheus import PHASES, StepExporter
+from trainer.ops.status import read_status, render
 
 
 def failing_app() -> Any:

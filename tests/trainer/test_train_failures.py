@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from agents.letters.run_files import serving, write_run_files
 from agents.template.main import NO_PLAY_REWARD, SOLVED_REWARD, TRUNCATED_REWARD
 from agents.template.main import app as template_app
 from handlers import RolloutContext, rft_app
-from tests.trainer.agent_apps.serving import serving, write_run_files
 from trainer import cli
 from trainer.config import load_config
-from trainer.loop import TrainingError, train
+from trainer.errors import TrainingError
+from trainer.loop import train
 
 
 def _service_rows(count: int) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.agent_apps.letters import app
-from tests.trainer.agent_apps.serving import serving, write_run_files
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from trainer.config import load_config
 from trainer.loop import train
 

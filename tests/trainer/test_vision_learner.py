@@ -18,10 +18,10 @@ from policy_server.engines.hf import HFEngine
 from policy_server.http.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
 from tests.vision_helpers import image_bytes, image_part
+from trainer.algo.sequences import TrainingSequence, build_sequences, count_train_tokens
 from trainer.config import LoraConfig, TrainConfig
-from trainer.learner import Learner
-from trainer.sequences import TrainingSequence, build_sequences, count_train_tokens
-from trainer.vision import lora_targets, stray_placeholders
+from trainer.learner.learner import Learner
+from trainer.learner.vision import lora_targets, stray_placeholders
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/vision-learner"
 # Random weights sample byte-level BPE tokens that may not re-tokenize to themselves (half a UTF-8

@@ -13,9 +13,9 @@ from typing import Any
 
 from bedrock_agentcore.runtime import BedrockAgentCoreApp
 
+from agents.letters.main import rollout as play_letters
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
-from tests.trainer.agent_apps.letters import rollout as play_letters
 
 
 def make_app(overrun_s: float) -> BedrockAgentCoreApp:

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
+from agents.letters.main import rollout as play_letters
 from handlers.context import RolloutContext
 from handlers.decorator import rft_app
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
-from tests.trainer.agent_apps.letters import rollout as play_letters
 
 ATTEMPTS: list[tuple[str, int]] = []
 _LOCK = threading.Lock()

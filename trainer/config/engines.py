@@ -1,0 +1,138 @@
+"""The engine sections: ``hf`` (in-process transformers) and ``vllm`` (a vLLM server)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from trainer.config.common import ConfigPath, DeviceName, TorchDtype, _Section
+
+
+class HFEngineConfig(_Section):
+    """Settings of the in-process hf engine (transformers + peft)."""
+
+    max_batch_size: int = Field(
+        default=64, gt=0, description="Most chat calls decoded together in one batch."
+    )
+    device: DeviceName = Field(
+        default="auto", description="Torch device of the engine; 'auto': the learner's device."
+    )
+    dtype: TorchDtype = Field(
+        default="auto",
+        description="dtype of the engine's copy of the model: 'auto' is bfloat16 on CUDA, float32 "
+        "on CPU (where sampler and learner logprobs then agree to about 1e-6).",
+    )
+
+    batch_invariant: bool = Field(
+        default=True,
+        description="Compute each row of a batch independently of the other rows (attention over "
+        "the row's own keys, matrix products padded to full BLAS tiles), so a seeded call samples "
+        "the same tokens whichever calls share its batch and a run repeats exactly however its "
+        "agents are timed (on CPU; CUDA kernels are not covered). False is faster: about 0.7x the "
+        "tokens per second at 1 to 8 concurrent calls on the tiny model (bench/hf_engine.py).",
+    )
+
+
+class VLLMConfig(_Section):
+    """Settings of the vllm engine: a vLLM OpenAI server in its own process."""
+
+    python: ConfigPath | None = Field(
+        default=None,
+        description="Python interpreter of the environment where vLLM is installed; unset: "
+        "$RFTKIT_VLLM_PYTHON, else the interpreter running rftkit.",
+    )
+    attach_url: str | None = Field(
+        default=None,
+        description="Base URL of an already running vLLM server to use instead of starting one. It "
+        "must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (checked at start); the "
+        "name it serves is read from its /v1/models.",
+    )
+    dtype: str = Field(
+        default="auto",
+        description="vLLM's --dtype: 'auto' (the model's own), 'float32' (exact logprobs on CPU), "
+        "'bfloat16', 'float16'.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra command-line arguments for the vLLM server (e.g. [--max-num-seqs, 128]).",
+    )
+    devices: list[int] | None = Field(
+        default=None,
+        description="GPU indices vLLM gets (its CUDA_VISIBLE_DEVICES), as many as "
+        "tensor_parallel_size; unset: the first ones. A GPU listed here and also given to the "
+        "learner is shared: vLLM takes gpu_memory_utilization of it, the learner the rest.",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, gt=0, description="vLLM's --tensor-parallel-size: GPUs one vLLM server spans."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="vLLM's --gpu-memory-utilization: the share of each of its GPUs vLLM takes "
+        "(weights + KV cache). When the learner shares the GPU, leave it room (e.g. 0.3 to 0.5).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --max-model-len: the longest context (prompt + completion) of one call; "
+        "unset: the model's own.",
+    )
+    enable_sleep_mode: bool = Field(
+        default=False,
+        description="vLLM's --enable-sleep-mode (CUDA only): during each update vLLM sleeps "
+        "(POST /sleep, level sleep_level) so the learner can use the memory of its KV cache, then "
+        "wakes (POST /wake_up) before the new adapter is loaded.",
+    )
+    sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="vLLM's sleep level: 1 offloads the weights to CPU memory and drops the KV "
+        "cache; 2 also drops the weights (vLLM must then reload them itself).",
+    )
+    max_lora_rank: int = Field(
+        default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."
+    )
+    max_loras: int = Field(
+        default=2, gt=0, description="vLLM's --max-loras: adapter versions resident at once (old + new)."
+    )
+    startup_timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds to wait for a started vLLM server to answer /health."
+    )
+    # --- tool calls and reasoning (vLLM's own parser names)
+    tool_call_parser: str | None = Field(
+        default="hermes",
+        description="vLLM's --tool-call-parser, with --enable-auto-tool-choice: 'hermes' (Qwen, and "
+        "the chatml-tools template), 'llama3_json' (Llama 3.x), 'openai' (gpt-oss), or any parser "
+        "your vLLM lists; null: tool calls stay in the text.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description="vLLM's --reasoning-parser: 'qwen3', 'openai_gptoss', or any parser your vLLM "
+        "lists; the reasoning comes back as reasoning_content and its tokens stay in the recorded "
+        "completion. null: no parser.",
+    )
+
+    @field_validator("attach_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _devices_match_tensor_parallel(self) -> VLLMConfig:
+        if self.devices is not None and len(self.devices) != self.tensor_parallel_size:
+            raise ValueError(
+                f"devices lists {len(self.devices)} GPU(s) but tensor_parallel_size is "
+                f"{self.tensor_parallel_size}: give vLLM exactly tensor_parallel_size GPUs"
+            )
+        if self.devices is not None and (
+            len(set(self.devices)) != len(self.devices) or min(self.devices) < 0
+        ):
+            raise ValueError(f"devices must be distinct GPU indices >= 0, got {self.devices}")
+        return self

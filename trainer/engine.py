@@ -1,0 +1,66 @@
+"""The inference engine of a one-process run (hf in process, or a vLLM server) and the base model it serves.
+
+A run on Ray builds its replicas' engines with :func:`local_engine` too, inside each replica actor
+(:mod:`trainer.scale.ray_cluster`); :func:`trainer.session.build_engine` picks between the two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from policy_server.engines import Engine, VLLMEngine
+from trainer.config import TrainConfig
+from trainer.scale.placement import Placement, cuda_visible_devices
+
+
+def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
+    """The engine ``config.engine`` names, on the devices ``placement`` gives it."""
+    if config.engine == "vllm":
+        vllm = config.vllm
+        return VLLMEngine(
+            model_dir,
+            python=str(vllm.python) if vllm.python else None,
+            base_url=vllm.attach_url,
+            served_name=config.policy_name,
+            max_lora_rank=vllm.max_lora_rank,
+            max_loras=vllm.max_loras,
+            dtype=vllm.dtype,
+            max_model_len=vllm.max_model_len,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            enable_sleep_mode=vllm.enable_sleep_mode,
+            cuda_visible_devices=cuda_visible_devices(placement.vllm_devices)
+            if placement.vllm_devices
+            else None,
+            extra_args=vllm.extra_args,
+            startup_timeout_s=vllm.startup_timeout_s,
+            tool_call_parser=vllm.tool_call_parser,
+            reasoning_parser=vllm.reasoning_parser,
+            chat_template=config.chat_template,
+            image_limits=config.policy_server.image_limits(),
+        )
+    from policy_server.engines import HFEngine
+
+    return HFEngine(
+        model_dir,
+        max_batch_size=config.hf.max_batch_size,
+        device=placement.engine_device,
+        dtype=getattr(torch, placement.engine_dtype),
+        seed=config.seed,
+        batch_invariant=config.hf.batch_invariant,
+        chat_template=config.chat_template,
+    )
+
+
+def model_dir(config: TrainConfig, run_dir: Path) -> Path:
+    """The base model: the configured one, else a tiny model built offline in the run directory."""
+    if config.model is not None:
+        return Path(config.model)
+    from policy_server.models import build_tiny_model
+
+    target = run_dir / "tiny-model"
+    if (target / "config.json").is_file():
+        return target
+    return build_tiny_model(target, seed=config.seed)

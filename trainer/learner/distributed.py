@@ -1,0 +1,339 @@
+"""Data-parallel learner workers on Ray, and auto-resume of a run whose worker died.
+
+With a ``ray`` section in the config, the learner is :class:`RayLearner`: ``ray.learner_workers``
+Ray actors, each holding the model and its LoRA adapter on one device, joined in one
+``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). A step's
+micro-batches are dealt out round-robin; each worker scales its micro-batches' losses by the *whole*
+batch's episode and token counts (as the one-process learner does for gradient accumulation, see
+:func:`trainer.algo.grpo.grpo_loss`), so the all-reduced **sum** of the workers' LoRA gradients is the
+one-process gradient of the whole batch. Every worker then clips and steps identically, so their
+adapters stay equal; rank 0 hands out the adapter and the optimizer state. Each micro-batch draws its
+dropout from its own seed, so which worker computes it changes nothing.
+
+Files never have to be shared between nodes: adapters and optimizer state travel as bytes and tensors
+through Ray, so the workers may run on any node of the cluster.
+
+A worker that dies (its process killed, its node lost) fails the step with
+:class:`LearnerWorkerDied`; :func:`train_with_auto_resume` then restarts the run from its newest
+checkpoint, as ``rft train --resume`` would, at most ``ray.max_learner_restarts`` times.
+
+Ray is imported only here, and only when a ``ray`` section is configured.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from trainer.algo.sequences import TrainingSequence
+from trainer.errors import TrainingError
+from trainer.learner.learner import Learner
+from trainer.learner.steps import GradientSums, StepResult
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+    from trainer.scale.placement import Placement
+
+log = logging.getLogger(__name__)
+ResultT = TypeVar("ResultT")  # what one training attempt returns (trainer.run.RunSummary)
+
+ACTOR_PREFIX = "rftkit-learner"  # learner workers are named ACTOR_PREFIX-<learner id>-<rank>
+# After one worker's call failed, how long to wait for the others' before deciding which died (a
+# survivor whose all-reduce peer vanished fails at once; one that would hang is killed after this).
+_SETTLE_S = 20.0
+
+
+class LearnerWorkerDied(RuntimeError):
+    """A learner worker's actor died (killed, out of memory, its node lost) during a call."""
+
+    def __init__(self, rank: int, workers: int, actor: str, cause: str) -> None:
+        super().__init__(f"learner worker {rank} of {workers} (Ray actor {actor}) died: {cause}")
+        self.rank = rank
+        self.actor = actor
+
+
+class _ShardedLearner(Learner):
+    """One rank of the data-parallel group: its share of the micro-batches, gradients all-reduced."""
+
+    def __init__(
+        self, model_dir: str | Path, config: TrainConfig, placement: Placement, rank: int, world: int
+    ) -> None:
+        self.rank, self.world = rank, world
+        super().__init__(model_dir, config, placement=placement)
+
+    def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
+        mine = range(self.rank, len(micro_batches), self.world)
+        return [(index, micro_batches[index]) for index in mine]
+
+    def _combine(self, sums: GradientSums) -> GradientSums:
+        import torch.distributed as dist
+
+        gathered: list[GradientSums | None] = [None] * self.world
+        dist.all_gather_object(gathered, sums)
+        total = GradientSums()
+        for part in gathered:
+            assert part is not None  # all_gather_object fills every slot
+            total.merge(part)
+        if total.finite:  # every rank decides alike: all reduce, or none does
+            _all_reduce_sum(self.trainable)
+        return total
+
+
+def _all_reduce_sum(parameters: Sequence[torch.Tensor]) -> None:
+    """Sum every rank's gradients of ``parameters`` in one flat all-reduce (a rank without
+    micro-batches adds zeros)."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for parameter in parameters:
+        parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
+        offset += parameter.numel()
+
+
+def _adapter_files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()}
+
+
+def _write_files(files: dict[str, bytes], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+class LearnerWorker:
+    """A Ray actor (see :class:`RayLearner`): one rank's learner on this actor's device."""
+
+    def __init__(
+        self, model_dir: str, config: TrainConfig, placement: Placement, rank: int, world: int
+    ) -> None:
+        self.rank, self.world = rank, world
+        self.learner = _ShardedLearner(model_dir, config, placement, rank, world)
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port for the group's TCP store (asked of rank 0)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            return host, int(probe.getsockname()[1])
+
+    def join(self, host: str, port: int) -> None:
+        """Join the process group, then take rank 0's adapter so every rank starts from the same one."""
+        import torch.distributed as dist
+
+        device = self.learner.device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world
+        )
+        for parameter in self.learner.trainable:
+            dist.broadcast(parameter.data, src=0)
+
+    def train_step(
+        self, sequences: list[TrainingSequence], seed: int | None, old_logprobs: list[torch.Tensor] | None
+    ) -> StepResult:
+        return self.learner.train_step(sequences, seed=seed, old_logprobs=old_logprobs)
+
+    def shard_old_logprobs(self, sequences: list[TrainingSequence]) -> dict[int, torch.Tensor]:
+        return self.learner.shard_old_logprobs(sequences)
+
+    def adapter_files(self) -> dict[str, bytes]:
+        with tempfile.TemporaryDirectory() as directory:
+            return _adapter_files(self.learner.save_adapter(Path(directory) / "adapter"))
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return self.learner.adapter_state()
+
+    def training_state(self) -> dict[str, Any]:
+        return self.learner.training_state()
+
+    def restore(self, files: dict[str, bytes], training_state: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            self.learner.restore(_write_files(files, Path(directory)), training_state)
+
+
+class RayLearner:
+    """The learner of :mod:`trainer.learner.learner` as ``ray.learner_workers`` data-parallel Ray actors.
+
+    The same methods as :class:`~trainer.learner.learner.Learner` that the loop and checkpoints use; each
+    call goes to every worker (whose results agree) and a worker's death raises
+    :class:`LearnerWorkerDied` after all of them are stopped.
+    """
+
+    def __init__(
+        self, model_dir: str | Path, config: TrainConfig, *, placement: Placement | None = None
+    ) -> None:
+        import ray
+
+        from trainer.scale.placement import detect_gpus, node_for, place
+
+        settings = config.ray
+        if settings is None:
+            raise ValueError("RayLearner needs the config's ray section")
+        placement = placement or place(config, node_for(config, detect_gpus()))
+        cuda = placement.learner_device.startswith("cuda")
+        # Ray gives each CUDA worker one GPU of its own (CUDA_VISIBLE_DEVICES): its first device.
+        placed = dataclasses.replace(placement, learner_device="cuda" if cuda else "cpu")
+        self.id = uuid.uuid4().hex[:8]
+        world = settings.learner_workers
+        self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]
+        actor = ray.remote(LearnerWorker)
+        self.workers: list[Any] = [  # Ray actor handles
+            actor.options(
+                name=name,
+                num_cpus=settings.learner_num_cpus,
+                num_gpus=1 if cuda else 0,
+                resources=settings.learner_resources,
+                max_restarts=0,
+            ).remote(str(model_dir), config, placed, rank, world)
+            for rank, name in enumerate(self.names)
+        ]
+        host, port = self._call([self.workers[0].rendezvous.remote()])[0]
+        self._call([worker.join.remote(host, port) for worker in self.workers])
+        log.info("%d learner workers joined (%s backend)", world, "nccl" if cuda else "gloo")
+
+    def train_step(
+        self,
+        sequences: Sequence[TrainingSequence],
+        *,
+        seed: int | None = None,
+        old_logprobs: Sequence[torch.Tensor] | None = None,
+    ) -> StepResult:
+        """One optimizer step on every worker (see :meth:`trainer.learner.learner.Learner.train_step`)."""
+        batch, old = list(sequences), None if old_logprobs is None else list(old_logprobs)
+        return self._call([worker.train_step.remote(batch, seed, old) for worker in self.workers])[0]
+
+    def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
+        """All of them: the workers train text models (they hold no image store)."""
+        return list(sequences)
+
+    def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
+        """Each worker's share of :meth:`trainer.learner.learner.Learner.old_logprobs`, put together."""
+        batch = list(sequences)
+        merged: dict[int, torch.Tensor] = {}
+        for part in self._call([worker.shard_old_logprobs.remote(batch) for worker in self.workers]):
+            merged.update(part)
+        return [merged[position] for position in range(len(batch))]
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """Rank 0's adapter, written in peft format to ``directory`` on this machine."""
+        return _write_files(self._call([self.workers[0].adapter_files.remote()])[0], Path(directory))
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return self._call([self.workers[0].adapter_state.remote()])[0]
+
+    def training_state(self) -> dict[str, Any]:
+        return self._call([self.workers[0].training_state.remote()])[0]
+
+    def restore(self, adapter_dir: str | Path, training_state: dict[str, Any]) -> None:
+        """Every worker loads the adapter in ``adapter_dir`` (read here) and the training state."""
+        files = _adapter_files(Path(adapter_dir))
+        self._call([worker.restore.remote(files, training_state) for worker in self.workers])
+
+    def close(self) -> None:
+        """Stop every worker (a survivor may be blocked in a collective its dead peer never joins)."""
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+
+    def _call(self, refs: list[Any]) -> list[Any]:
+        """Results of one call per worker (ranks in order); on a failure, stop all workers and raise
+        :class:`LearnerWorkerDied` when one of them died, else the failure itself."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        results: list[Any] = [None] * len(refs)
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[rank_of[ready[0]]] = ray.get(ready[0])
+            except Exception as error:
+                rank = rank_of[ready[0]]
+                died: Exception | None = error if isinstance(error, RayActorError) else None
+                if died is None:
+                    rank, died = self._first_death(pending, rank_of) or (rank, None)
+                self.close()
+                if died is None:
+                    raise
+                cause = _first_line(died)
+                raise LearnerWorkerDied(rank, len(self.workers), self.names[rank], cause) from error
+        return results
+
+    def _first_death(self, pending: list[Any], rank_of: dict[Any, int]) -> tuple[int, Exception] | None:
+        """Of the calls still pending, the first that failed because its actor died, if any."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if not pending:
+            return None
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=_SETTLE_S)
+        for ref in sorted(ready, key=rank_of.__getitem__):
+            try:
+                ray.get(ref)
+            except RayActorError as error:
+                return rank_of[ref], error
+            except Exception:  # a survivor's own failure: the peer's death caused it
+                continue
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def train_with_auto_resume(
+    config: TrainConfig, resume: bool, train_once: Callable[[TrainConfig, bool], ResultT]
+) -> ResultT:
+    """``train_once(config, resume)`` on the connected Ray cluster (:mod:`trainer.scale.ray_cluster`),
+    restarted from the newest checkpoint (from the start before the first one) each time a learner
+    worker dies, at most ``ray.max_learner_restarts`` times; then a
+    :class:`~trainer.errors.TrainingError` naming the workers that died and how often."""
+    from trainer.learner.checkpoint import latest_checkpoint
+    from trainer.ops.metrics import METRICS_FILE
+
+    settings = config.ray
+    assert settings is not None  # only called with a ray section
+    deaths: collections.Counter[str] = collections.Counter()
+    while True:
+        try:
+            return train_once(config, resume)
+        except LearnerWorkerDied as died:
+            deaths[f"worker {died.rank}"] += 1
+            restarts = sum(deaths.values()) - 1
+            if restarts >= settings.max_learner_restarts:
+                counts = ", ".join(f"{who}: {count}" for who, count in sorted(deaths.items()))
+                raise TrainingError(
+                    f"learner workers died {sum(deaths.values())} time(s) ({counts}); gave up after "
+                    f"{restarts} auto-resume(s) (ray.max_learner_restarts = "
+                    f"{settings.max_learner_restarts}). Last: {died}"
+                ) from died
+            resume = latest_checkpoint(config.output_dir / "checkpoints") is not None
+            if not resume:  # starting over: the failed attempt's step records go with it
+                (config.output_dir / METRICS_FILE).unlink(missing_ok=True)
+            log.warning(
+                "%s; auto-resume %d of %d from %s",
+                died,
+                restarts + 1,
+                settings.max_learner_restarts,
+                "the newest checkpoint" if resume else "the start (no checkpoint yet)",
+            )

@@ -1,0 +1,62 @@
+"""The learner's model: the base causal LM (or vision-language model) with a peft LoRA adapter, and
+the warm start loaded a second time, frozen, when it is the KL reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from policy_server.models import is_vision_model, load_model
+from trainer.learner.vision import lora_targets
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
+TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads first
+REFERENCE_ADAPTER = "reference"
+
+
+def build_model(
+    model_dir: str | Path, config: TrainConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, str | None]:
+    """The base model with its trainable adapter (fresh, or ``init_adapter``), and the name of the
+    frozen reference adapter when the KL reference is the warm start (else None: the base model)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    placed = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+    base = load_model(model_dir, dtype=dtype, **placed)
+    if config.learner.gradient_checkpointing:
+        base.config.use_cache = False
+        # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
+        # does not require grad.
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    reference_adapter: str | None = None
+    # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
+    # gradients and AdamW state): bf16 updates of small weights round away.
+    if config.init_adapter is None:
+        targets = config.lora.target_modules
+        if is_vision_model(base.config):
+            targets = lora_targets(base, config.lora)  # the language model's unless widened
+        lora = LoraConfig(
+            r=config.lora.r,
+            lora_alpha=config.lora.lora_alpha,
+            lora_dropout=config.lora.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(base, lora, autocast_adapter_dtype=True), reference_adapter
+    model = PeftModel.from_pretrained(
+        base, str(config.init_adapter), is_trainable=True, autocast_adapter_dtype=True
+    )
+    if config.beta > 0.0:
+        model.load_adapter(
+            str(config.init_adapter),
+            adapter_name=REFERENCE_ADAPTER,
+            is_trainable=False,
+            autocast_adapter_dtype=True,
+        )
+        model.set_adapter(TRAINED_ADAPTER)
+        reference_adapter = REFERENCE_ADAPTER
+    return model, reference_adapter

@@ -1,0 +1,25 @@
+"""Watching a run: metrics files and MLflow (``metrics``), Prometheus series (``prometheus``), ``rft
+status`` (``status``) and the CPU kernel settings that make a run repeat exactly (``cpu_kernels``).
+
+The public surface, loaded lazily (mlflow, prometheus_client only when used).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "MetricsLogger": "trainer.ops.metrics",
+    "TokenCost": "trainer.ops.metrics",
+    "pin_cpu_kernels": "trainer.ops.cpu_kernels",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainer.ops' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,0 +1,184 @@
+"""Placement on one node: which GPU the learner gets, which ones vLLM gets, and in which dtypes.
+
+Rules, in order: vLLM (when rftkit starts it) gets ``vllm.devices``, else the first
+``tensor_parallel_size`` GPUs. The learner gets ``learner.device``; ``auto`` is the first GPU vLLM
+was not given, else vLLM's first GPU (shared: vLLM takes ``gpu_memory_utilization`` of it, the
+learner the rest), else the CPU. The hf engine runs in the learner's process, on the learner's
+device unless ``hf.device`` says otherwise. ``auto`` dtypes are bfloat16 on CUDA, float32 on CPU.
+With a ``ray`` section the engines run in replica actors, each on the GPUs Ray gives it
+(``trainer.scale.ray_cluster``), so this node's plan holds the learner alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from trainer.config import TrainConfig
+
+GB = 1e9
+# The engine's place with a `ray` section: replica actors, on GPUs of their own.
+RAY_REPLICAS = "ray replicas"
+
+
+class PlacementError(ValueError):
+    """A placement that names GPUs this node does not have (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of the node; ``memory_bytes`` is None when neither torch nor the config says."""
+
+    index: int
+    memory_bytes: int | None
+    name: str = "GPU"
+
+
+@dataclass(frozen=True)
+class Node:
+    """The GPUs planned for and whether they are really present (seen by torch)."""
+
+    gpus: list[Gpu]
+    present: bool
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each part of a run goes."""
+
+    learner_device: str  # "cpu" or "cuda:N"
+    learner_dtype: str
+    engine_device: str  # hf's device; "cuda:a,b" for vLLM's GPUs, "cpu" without; RAY_REPLICAS with Ray
+    engine_dtype: str
+    vllm_devices: list[int]
+
+    @property
+    def learner_gpu(self) -> int | None:
+        return _index(self.learner_device)
+
+    @property
+    def shared_gpus(self) -> list[int]:
+        """GPUs both vLLM and the learner use."""
+        return [gpu for gpu in self.vllm_devices if gpu == self.learner_gpu]
+
+
+def _index(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    return int(device.partition(":")[2] or 0)
+
+
+def detect_gpus() -> list[Gpu]:
+    """The CUDA devices torch sees (none without a CUDA build of torch or without a GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        gpus.append(Gpu(index, int(properties.total_memory), properties.name))
+    return gpus
+
+
+def node_for(config: TrainConfig, detected: list[Gpu]) -> Node:
+    """The node to plan for: the detected GPUs, with ``placement``'s declarations winning."""
+    declared = config.placement
+    count = declared.num_gpus if declared.num_gpus is not None else len(detected)
+    if count == 0 and declared.num_gpus is None:
+        # No GPU here, none declared, but the config names some: plan for the GPUs it names.
+        count = _gpus_named(config)
+    gpus = []
+    for index in range(count):
+        seen = detected[index] if index < len(detected) else None
+        memory = int(declared.gpu_memory_gb * GB) if declared.gpu_memory_gb else None
+        if memory is None and seen is not None:
+            memory = seen.memory_bytes
+        gpus.append(Gpu(index, memory, seen.name if seen else "declared GPU"))
+    return Node(gpus=gpus, present=bool(detected))
+
+
+def _gpus_named(config: TrainConfig) -> int:
+    if config.ray is not None:  # the engines run in replica actors, on GPUs Ray gives them
+        index = _index(config.learner.device)
+        return 0 if index is None else index + 1
+    named = [_index(device) for device in (config.learner.device, config.hf.device)]
+    indices = [index for index in named if index is not None]
+    if config.engine == "vllm" and config.vllm.attach_url is None and indices:
+        indices += config.vllm.devices or list(range(config.vllm.tensor_parallel_size))
+    elif config.engine == "vllm" and config.vllm.devices:
+        indices += config.vllm.devices
+    return max(indices) + 1 if indices else 0
+
+
+def _vllm_devices(config: TrainConfig, node: Node) -> list[int]:
+    if config.engine != "vllm" or config.vllm.attach_url is not None or config.ray is not None:
+        return []
+    wanted = config.vllm.devices
+    if wanted is None:
+        return list(range(config.vllm.tensor_parallel_size)) if node.gpus else []
+    return wanted
+
+
+def place(config: TrainConfig, node: Node) -> Placement:
+    """Resolve every ``auto`` of ``config`` on ``node``; raises :class:`PlacementError`."""
+    vllm = _vllm_devices(config, node)
+    if node.gpus and len(vllm) > len(node.gpus):
+        raise PlacementError(
+            f"vLLM needs {len(vllm)} GPU(s) (vllm.tensor_parallel_size) but the node has "
+            f"{len(node.gpus)}: lower vllm.tensor_parallel_size"
+        )
+    learner = config.learner.device
+    if learner == "auto":
+        free = [gpu.index for gpu in node.gpus if gpu.index not in vllm]
+        learner = f"cuda:{free[0]}" if free else (f"cuda:{vllm[0]}" if vllm else "cpu")
+    elif learner == "cuda":
+        learner = "cuda:0"
+    engine = config.hf.device if config.hf.device != "auto" else learner
+    if engine == "cuda":
+        engine = "cuda:0"
+    named = [_index(learner), _index(engine)]
+    if config.ray is not None:
+        # This node runs the learner's plan only: each replica actor places its own engine.
+        engine = RAY_REPLICAS
+        named = named[:1]
+    elif config.engine == "vllm":
+        engine = "cuda:" + ",".join(map(str, vllm)) if vllm else "cpu"
+        named = named[:1]
+    used = {index for index in named if index is not None} | set(vllm)
+    known = {gpu.index for gpu in node.gpus}
+    if node.gpus and not used <= known:
+        missing = sorted(used - known)
+        raise PlacementError(
+            f"the config places work on GPU {missing[0]}, but the node has {len(node.gpus)} GPU(s) "
+            f"(0 to {len(node.gpus) - 1}): fix learner.device, hf.device or vllm.devices"
+        )
+    return Placement(
+        learner_device=learner,
+        learner_dtype=_dtype(config.learner.dtype, learner),
+        engine_device=engine,
+        engine_dtype=config.vllm.dtype if config.engine == "vllm" else _dtype(config.hf.dtype, engine),
+        vllm_devices=vllm,
+    )
+
+
+def _dtype(name: str, device: str) -> str:
+    if name != "auto":
+        return name
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def cuda_visible_devices(indices: list[int], inherited: str | None = None) -> str:
+    """CUDA_VISIBLE_DEVICES for a child process that should see GPUs ``indices`` of this process.
+
+    When this process itself runs under CUDA_VISIBLE_DEVICES, its GPU i is the i-th entry there.
+    """
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES") if inherited is None else inherited
+    visible = [entry.strip() for entry in inherited.split(",")] if inherited else None
+    if visible is None:
+        return ",".join(str(index) for index in indices)
+    if any(index >= len(visible) for index in indices):
+        raise PlacementError(
+            f"GPU {max(indices)} is not among this process's CUDA_VISIBLE_DEVICES={inherited}"
+        )
+    return ",".join(visible[index] for index in indices)

@@ -1,0 +1,132 @@
+"""The trainer's side of Ray: join or start the cluster, and build the replicated inference engine.
+
+Imported only when the config has a ``ray`` section; Ray itself is imported inside the functions, so
+``rftkit`` without the ``ray`` extra never needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from policy_server.engines import Engine
+from trainer.config import RayConfig, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
+    """Connected to the cluster ``settings.address`` names for the block; nothing without settings.
+
+    A 'local' cluster is started here and shut down after the block; a joined cluster (or a Ray
+    session the caller already opened, as tests do) is left running.
+    """
+    if settings is None:
+        yield
+        return
+    try:
+        import ray
+    except ImportError:
+        raise ModuleNotFoundError(
+            "the config's ray section needs Ray, which is not installed: pip install 'rftkit[ray]', "
+            "or remove the ray section to train in one process"
+        ) from None
+
+    started = False
+    if not ray.is_initialized():
+        if settings.address == "local":
+            start_local_cluster(local_num_cpus(settings))
+            started = True
+        else:
+            ray.init(address=settings.address)
+        log.info("ray cluster %s: %s", settings.address, ray.cluster_resources())
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def local_num_cpus(settings: RayConfig) -> int:
+    """Logical CPUs of a 'local' cluster: the setting, else enough for every replica and learner worker
+    (Ray only counts them to decide what fits; they may exceed the real cores)."""
+    if settings.local_num_cpus is not None:
+        return settings.local_num_cpus
+    needed = (
+        settings.inference_replicas * settings.replica_num_cpus
+        + settings.learner_workers * settings.learner_num_cpus
+    )
+    return max(os.cpu_count() or 1, math.ceil(needed) + 1)
+
+
+def start_local_cluster(num_cpus: int | None, **options: Any) -> None:
+    """``ray.init`` of a cluster in this process, tried twice.
+
+    Ray gives its raylet a fixed 30 s to register with the GCS; a machine whose cores are all busy
+    can miss that window once ("The current node timed out during startup").
+    """
+    import ray
+
+    for attempt in (1, 2):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
+            return
+        except Exception as error:
+            if attempt == 2 or "timed out during startup" not in str(error):
+                raise
+            log.warning("the local Ray cluster did not start in time (%s); trying once more", error)
+            ray.shutdown()
+
+
+def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = None) -> Engine:
+    """The inference replicas ``config.ray`` asks for, each running ``config.engine``, as one engine."""
+    from policy_server.engines.ray import RayEngine
+
+    settings = config.ray
+    assert settings is not None
+    num_gpus = settings.replica_num_gpus
+    if num_gpus is None:
+        num_gpus = float(config.vllm.tensor_parallel_size) if config.engine == "vllm" else 0.0
+    return RayEngine(
+        functools.partial(replica_engine, config, str(model_dir)),
+        model_name=Path(model_dir).name,
+        replicas=settings.inference_replicas,
+        num_cpus=settings.replica_num_cpus,
+        num_gpus=num_gpus,
+        resources=settings.replica_resources,
+        max_restarts=settings.max_restarts,
+        adapter_transfer=settings.adapter_transfer,
+        recovery_timeout_s=settings.recovery_timeout_s,
+        name_prefix=name_prefix,
+    )
+
+
+def replica_engine(config: TrainConfig, model_dir: str) -> Engine:
+    """Runs inside a replica actor: the engine of a one-process run, on the GPUs Ray gave the actor.
+
+    Ray sets the actor's CUDA_VISIBLE_DEVICES, which a vLLM server started here inherits; the hf
+    engine takes the first of them.
+    """
+    import ray
+
+    from trainer.engine import local_engine
+    from trainer.scale.placement import Placement
+
+    on_gpu = bool(ray.get_gpu_ids())
+    device = config.hf.device if config.hf.device != "auto" else ("cuda" if on_gpu else "cpu")
+    hf_dtype = config.hf.dtype if config.hf.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    placement = Placement(
+        learner_device="cpu",  # no learner in a replica
+        learner_dtype="float32",
+        engine_device=device,
+        engine_dtype=config.vllm.dtype if config.engine == "vllm" else hf_dtype,
+        vllm_devices=[],  # inherit the actor's CUDA_VISIBLE_DEVICES
+    )
+    return local_engine(config.model_copy(update={"ray": None}), Path(model_dir), placement)

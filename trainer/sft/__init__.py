@@ -1,0 +1,35 @@
+"""``rft sft``: supervised warm start of a LoRA adapter on demonstrations. What text and vision share
+(``common``), the text training (``text``), vision-language models (``vision``), the command (``cli``).
+
+The public surface, loaded lazily (torch only when used): ``from trainer.sft import run_sft``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "run_sft": "trainer.sft.text",
+    "SftResult": "trainer.sft.common",
+    "StopAtLoss": "trainer.sft.common",
+    "DemonstrationError": "trainer.sft.common",
+    "load_demonstrations": "trainer.sft.common",
+    "encode_demonstration": "trainer.sft.common",
+    "demonstration_batch": "trainer.sft.common",
+    "pad_token_id": "trainer.sft.common",
+    "IGNORE": "trainer.sft.common",
+    "PROJECTION_MODULES": "trainer.sft.common",
+    "DEFAULT_TARGET_MODULES": "trainer.sft.common",
+    "build_parser": "trainer.sft.cli",
+    "run": "trainer.sft.cli",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainer.sft' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,0 +1,180 @@
+"""What every warm start shares, text or vision: the demonstrations, their encoding through the chat
+template, batching, the assistant-token loss, and what a run returns.
+
+A demonstration is one chat request as the agent sends it: ``{"messages": [...], "tools": [...]}`` in
+OpenAI format, ending with the assistant's last turn. The loss covers only what the model itself would
+sample: each assistant turn's content and tool calls up to and including its end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.algo.sequences import right_pad
+
+# A model built from scratch has a random output layer whose logits are too small to ever become
+# confident, so the adapter needs lm_head besides every projection (vLLM serves lm_head LoRA too).
+PROJECTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGET_MODULES = (*PROJECTION_MODULES, "lm_head")
+IGNORE = -100
+MAX_GRAD_NORM = 1.0
+
+
+class DemonstrationError(ValueError):
+    """A demonstration that cannot be rendered or has nothing to learn from."""
+
+
+@dataclass
+class SftResult:
+    """What a warm start did."""
+
+    adapter_dir: Path
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    assistant_tokens: int = 0
+    # With a StopAtLoss: the held-out loss at every check, by step.
+    held_out_losses: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StopAtLoss:
+    """End a warm start early: every ``every`` steps, the adapter's mean assistant-token loss on
+    ``demonstrations`` (held out: not the ones it trains on) is measured, and the run ends at the
+    first check where it is at most ``target``. A start's strength then depends on where it stands,
+    not on how fast its seed happened to learn (the maze demo: README, "How the plan got here")."""
+
+    demonstrations: Sequence[dict[str, Any]]
+    target: float
+    every: int = 5
+
+
+@dataclass(frozen=True)
+class EncodedDemonstration:
+    """Token ids of one rendered demonstration and which of them the loss covers."""
+
+    input_ids: list[int]
+    loss_mask: list[bool]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> EncodedDemonstration:
+    """Render ``demonstration`` with the chat template and mark the assistant's own tokens.
+
+    An assistant turn spans from the end of the generation prompt that precedes it to its end-of-turn
+    token; the newline the template puts after that token is part of the next prompt, not sampled.
+    """
+    from policy_server.http import normalize_messages
+
+    try:
+        messages = normalize_messages(list(demonstration["messages"]))
+    except (KeyError, TypeError) as exc:
+        raise DemonstrationError(f"a demonstration needs a 'messages' list: {exc}") from exc
+    tools = demonstration.get("tools")
+    text = _render(tokenizer, messages, tools, False)
+    spans: list[tuple[int, int]] = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:index], tools, True))
+        turn = _render(tokenizer, messages[: index + 1], tools, False)
+        if not text.startswith(turn):
+            raise DemonstrationError(
+                "the chat template does not render this conversation prefix-preservingly, so the "
+                "assistant's tokens cannot be located; use a template whose turns only append"
+            )
+        spans.append((start, len(turn.rstrip("\n"))))
+    if not spans:
+        raise DemonstrationError("a demonstration needs at least one assistant message to learn from")
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [
+        any(begin <= token_start and token_end <= end for begin, end in spans)
+        for token_start, token_end in encoding["offset_mapping"]
+    ]
+    return EncodedDemonstration(list(encoding["input_ids"]), mask)
+
+
+def load_demonstrations(path: str | Path) -> list[dict[str, Any]]:
+    """Demonstrations from a JSONL file, one ``{"messages": [...], "tools": [...]}`` per line."""
+    demonstrations = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DemonstrationError(f"{path}:{number}: not JSON: {exc}") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+                raise DemonstrationError(f'{path}:{number}: expected {{"messages": [...], "tools": [...]}}')
+            demonstrations.append(row)
+    if not demonstrations:
+        raise DemonstrationError(f"{path} holds no demonstrations")
+    return demonstrations
+
+
+def demonstration_batch(examples: Sequence[EncodedDemonstration], pad_id: int) -> dict[str, torch.Tensor]:
+    """Encoded demonstrations right-padded into one batch; labels are the ids the loss covers, else IGNORE."""
+    input_ids = right_pad([example.input_ids for example in examples], pad_id, torch.long)
+    attention = right_pad([[1] * len(example.input_ids) for example in examples], 0, torch.long)
+    labels = right_pad([_labels(example) for example in examples], IGNORE, torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def _labels(example: EncodedDemonstration) -> torch.Tensor:
+    """The ids the loss covers, IGNORE elsewhere."""
+    ids = torch.tensor(example.input_ids, dtype=torch.long)
+    return torch.where(torch.tensor(example.loss_mask), ids, IGNORE)
+
+
+def assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the batch's assistant tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
+    )
+
+
+@dataclass
+class Trainee:
+    """What a warm start needs of one kind of model: its encoded demonstrations, how to load it, how
+    to batch them and the loss (text models: ``trainer.sft.text``; vision-language ones:
+    ``trainer.sft.vision``)."""
+
+    encoded: list[Any]
+    load_model: Callable[[], Any]
+    batch: Callable[[list[Any]], dict[str, torch.Tensor]]
+    loss: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def pad_token_id(config: Any) -> int:
+    """The model's padding id (a vision-language model keeps it in its text config), else 0."""
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None and hasattr(config, "get_text_config"):
+        pad = getattr(config.get_text_config(), "pad_token_id", None)
+    return int(pad if pad is not None else 0)
+
+
+def held_out_loss(model: Any, trainee: Trainee, batch_size: int = 16) -> float:
+    """Mean assistant-token loss of ``model`` on ``trainee``'s demonstrations, without gradients."""
+    total, tokens = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(trainee.encoded), batch_size):
+            batch = trainee.batch(trainee.encoded[start : start + batch_size])
+            count = int((batch["labels"][:, 1:] != IGNORE).sum())
+            total += float(trainee.loss(model, batch)) * count
+            tokens += count
+    model.train()
+    return total / max(tokens, 1)

@@ -1,0 +1,123 @@
+"""``rft sft``'s training: a fresh LoRA adapter trained on demonstrations, saved in peft format.
+
+Demonstrations are rendered through the model's own chat template exactly as the policy server renders
+a rollout (same message normalisation, same template; a ``chat_template`` replaces the model's own, as
+the setting of that name does for serving). The adapter is saved in peft format, the same as the GRPO
+learner's versions, so ``rft train`` can start from it. Vision-language models: :mod:`trainer.sft.vision`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.sft.common import (
+    DEFAULT_TARGET_MODULES,
+    MAX_GRAD_NORM,
+    DemonstrationError,
+    SftResult,
+    StopAtLoss,
+    Trainee,
+    assistant_loss,
+    demonstration_batch,
+    encode_demonstration,
+    held_out_loss,
+    pad_token_id,
+)
+from trainer.sft.vision import vision_trainee
+
+
+def _trainee(
+    model_dir: str | Path, demonstrations: Sequence[dict[str, Any]], chat_template: str | Path | None
+) -> Trainee:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from policy_server.models import is_vision_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir, chat_template)
+    if not demonstrations:
+        raise DemonstrationError("no demonstrations to train on")
+    config = AutoConfig.from_pretrained(str(model_dir))
+    if is_vision_model(config):
+        return vision_trainee(model_dir, tokenizer, demonstrations)
+    encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
+    pad_id = pad_token_id(config)
+    return Trainee(
+        encoded=encoded,
+        load_model=lambda: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32),
+        batch=lambda examples: demonstration_batch(examples, pad_id),
+        loss=assistant_loss,
+    )
+
+
+def run_sft(
+    model_dir: str | Path,
+    demonstrations: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    *,
+    steps: int = 100,
+    learning_rate: float = 2e-3,
+    batch_size: int = 16,
+    lora_r: int = 16,
+    lora_alpha: float = 32.0,
+    lora_dropout: float = 0.0,
+    target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+    chat_template: str | Path | None = None,
+    stop: StopAtLoss | None = None,
+) -> SftResult:
+    """Train a fresh LoRA adapter on ``demonstrations`` for ``steps`` AdamW steps; save it to ``out_dir``.
+
+    Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
+    every step (progress display). ``chat_template`` replaces the model's own template (a shipped
+    name or a file, see ``policy_server.models.chat_templates``): use the one the policy server will use.
+    ``stop`` ends the run before ``steps`` once a held-out loss reaches its target.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if steps < 1 or batch_size < 1:
+        raise ValueError("steps and batch_size must be at least 1")
+    started = time.monotonic()
+    trainee = _trainee(model_dir, demonstrations, chat_template)
+    held_out = None if stop is None else _trainee(model_dir, stop.demonstrations, chat_template)
+    encoded = trainee.encoded
+    torch.manual_seed(seed)
+    base = trainee.load_model()
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=list(target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
+    rng = random.Random(seed)
+    result = SftResult(adapter_dir=Path(out_dir), assistant_tokens=sum(sum(e.loss_mask) for e in encoded))
+    for step in range(1, steps + 1):
+        loss = trainee.loss(model, trainee.batch(rng.choices(encoded, k=batch_size)))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)
+        optimizer.step()
+        result.losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, result.losses[-1])
+        if stop is not None and held_out is not None and step % stop.every == 0:
+            result.held_out_losses[step] = held_out_loss(model, held_out)
+            if result.held_out_losses[step] <= stop.target:
+                break
+    result.adapter_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(result.adapter_dir), save_embedding_layers=False)  # LoRA weights only
+    result.seconds = time.monotonic() - started
+    return result
