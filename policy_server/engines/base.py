@@ -91,8 +91,12 @@ class Engine(Protocol):
     async def unload_adapter(self, version: int) -> None: ...
 
 
+# The message fields every chat template renders; others (``reasoning_content``, say) many drop.
+RENDERED_FIELDS = ("content", "tool_calls")
+
+
 def text_chars(value: Any) -> int:
-    """Characters of text in a request's messages or tools: every string, keys and values, at any depth."""
+    """Characters of text in a value: every string, keys and values, at any depth."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
@@ -106,10 +110,12 @@ def prompt_too_long(request: GenerationRequest, context_tokens: int, longest_tok
     """Why the request cannot fit the context, judged from its text alone (before tokenising it), or None.
 
     No token covers more than ``longest_token_chars`` characters, so text of more than
-    ``context_tokens * longest_token_chars`` characters is more tokens than the context holds. Images
-    are left out: their placeholders only add to the count.
+    ``context_tokens * longest_token_chars`` characters is more tokens than the context holds. Counted:
+    the messages' content and tool calls and the tools, which every template renders; images are left
+    out (their placeholders only add to the count), and so are fields a template may drop.
     """
-    chars = text_chars(request.messages) + text_chars(request.tools or [])
+    rendered = [message.get(key) for message in request.messages for key in RENDERED_FIELDS]
+    chars = text_chars(rendered) + text_chars(request.tools or [])
     if chars <= context_tokens * longest_token_chars:
         return None
     return (
