@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import torch
 
+from trainer.algo.sequences import TrainingSequence, micro_batches_by_token_budget
 from trainer.config import TrainConfig
-from trainer.learner import Learner, _StepTotals
-from trainer.placement import Placement, cuda_visible_devices, detect_gpus, node_for, place
-from trainer.sequences import TrainingSequence, micro_batches_by_token_budget
+from trainer.learner.learner import Learner
+from trainer.learner.steps import StepTotals as _StepTotals
+from trainer.scale.placement import Placement, cuda_visible_devices, detect_gpus, node_for, place
 
 pytestmark = pytest.mark.gpu
 
@@ -135,7 +136,7 @@ def test_a_cuda_step_leaves_the_callers_rng_as_it_was(tiny_model_dir: Path) -> N
 
 
 def test_what_a_worker_returns_is_on_the_cpu(tiny_model_dir: Path) -> None:
-    from trainer.distributed import to_cpu
+    from trainer.learner.distributed import to_cpu
 
     learner = Learner(tiny_model_dir, _config(), placement=_placement("cuda:0", "bfloat16"))
     sequences = _sequences(learner.model.config.vocab_size, [1.0, -1.0])
@@ -162,7 +163,7 @@ def test_what_a_worker_returns_is_on_the_cpu(tiny_model_dir: Path) -> None:
 
 
 def test_the_ray_worker_device_sets_the_cuda_device() -> None:
-    from trainer.distributed import worker_device
+    from trainer.learner.distributed import worker_device
 
     device = torch.device(worker_device("cuda"))
     torch.cuda.set_device(device)  # refused a bare "cuda" before

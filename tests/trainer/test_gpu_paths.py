@@ -281,3 +281,25 @@ def test_warm_start_runs_in_the_dtype_it_is_given(
 
 
 # --- host syncs: one per micro-batch's metrics ----------------------------------------------------------
+
+
+# --- MLflow off: what the offline device check runs with -----------------------------------------------
+
+
+def test_metrics_without_mlflow_write_the_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from trainer.ops.metrics import NO_MLFLOW, MetricsLogger
+
+    for name in ("mlflow", "mlflow.tracking", "mlflow.entities"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    logger = MetricsLogger(tmp_path, tracking_uri=NO_MLFLOW)
+    seen: list[int] = []
+    logger.sinks.append(lambda step, record: seen.append(step))
+    logger.log_params({"lr": 1.0})
+    logger.log_step(1, {"loss": 0.5})
+    logger.log_artifact(tmp_path)
+    logger.close()
+    assert logger.mlflow_run_id is None and seen == [1]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 0.5
+    assert validate_config({**BASE, "mlflow_tracking_uri": "none"}).mlflow_uri == NO_MLFLOW

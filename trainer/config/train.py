@@ -267,7 +267,7 @@ class TrainConfig(_Section):
     mlflow_tracking_uri: str | None = Field(
         default=None,
         description="MLflow tracking URI (a server or a store path); unset: a local file store in "
-        "output_dir/mlruns.",
+        "output_dir/mlruns; 'none': no MLflow (the steps still go to output_dir/metrics.jsonl).",
     )
     mlflow_experiment_name: str = Field(default="rftkit", min_length=1, description="MLflow experiment.")
     run_name: str | None = Field(default=None, description="MLflow run name; unset: output_dir's name.")
