@@ -57,6 +57,16 @@ def _trainee(
     )
 
 
+def _with_lora(base: Any, r: int, alpha: float, dropout: float, targets: Sequence[str]) -> Any:
+    """``base`` with a fresh trainable LoRA adapter (peft keeps its weights float32 on a bf16 base)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(base, lora)
+
+
 def run_sft(
     model_dir: str | Path,
     demonstrations: Sequence[dict[str, Any]],
@@ -86,8 +96,6 @@ def run_sft(
     (:func:`sft_device_and_dtype`: the first GPU in bfloat16, else the CPU in float32); the LoRA
     weights stay float32.
     """
-    from peft import LoraConfig, get_peft_model
-
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
@@ -99,14 +107,7 @@ def run_sft(
     encoded = trainee.encoded
     torch.manual_seed(seed)
     base = trainee.load_model(torch_dtype).to(placed)
-    lora = LoraConfig(
-        r=lora_r,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        target_modules=list(target_modules),
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(base, lora)  # peft keeps LoRA weights float32 on a bf16 base
+    model = _with_lora(base, lora_r, lora_alpha, lora_dropout, target_modules)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
