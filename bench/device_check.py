@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,36 +34,16 @@ from trainer.sft.common import PROJECTION_MODULES  # noqa: E402
 LORA_R = 16
 
 
-class GpuMemorySampler:
-    """Polls ``nvidia-smi`` for the GPU memory of every process; keeps each pid's peak (MiB)."""
+def cuda_peak_memory_gb() -> float | None:
+    """This process's peak of memory reserved by torch's CUDA allocator, in GB (None without CUDA).
 
-    def __init__(self, interval_s: float = 0.5) -> None:
-        self.peaks: dict[int, float] = {}
-        self.peak_others = 0.0  # the largest total of processes other than this one at one moment
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
+    Read in the process itself: ``nvidia-smi`` inside a container often does not see the processes
+    using the GPU, and the allocator's figure is what the memory plan estimates."""
+    import torch
 
-    def __enter__(self) -> GpuMemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _poll(self) -> None:
-        query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
-        while not self._stop.wait(self._interval_s):
-            try:
-                lines = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.splitlines()
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            used = {int(pid): float(mib) for pid, mib in (line.split(",") for line in lines if "," in line)}
-            for pid, mib in used.items():
-                self.peaks[pid] = max(self.peaks.get(pid, 0.0), mib)
-            others = sum(mib for pid, mib in used.items() if pid != os.getpid())
-            self.peak_others = max(self.peak_others, others)
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return max(torch.cuda.max_memory_reserved(index) for index in range(torch.cuda.device_count())) / 1e9
 
 
 def build_config(
@@ -197,8 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.target_modules = TINY_TARGET_MODULES if args.model is None else list(PROJECTION_MODULES)
     train_file, adapter = (args.train_file, None) if args.agent else _maze(args, model_dir)
     warm_start_s = time.monotonic() - started
-    sampler = GpuMemorySampler() if args.device == "cuda" else contextlib.nullcontext()
-    with _agent(args) as agent, sampler:
+    with _agent(args) as agent:
         config = build_config(args, model_dir, adapter, train_file, agent)
         plan = make_plan(config, shape_for(model_dir), node_for(config, detect_gpus()))
         summary = train(config)
@@ -211,19 +187,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "rollouts_per_step": args.rows * args.generations,
         **summarise(summary.history),
-        "peak_memory_gb": _peak_memory(sampler if isinstance(sampler, GpuMemorySampler) else None),
+        "peak_memory_gb": _peak_memory(args, config),
         "plan": plan.as_dict(),
         "warm_start_s": warm_start_s,
         "seconds": time.monotonic() - started,
     }
 
 
-def _peak_memory(sampler: GpuMemorySampler | None) -> dict[str, float | None]:
-    if sampler is None:  # CPU: the learner and the hf engine share this process
+def _peak_memory(args: argparse.Namespace, config: TrainConfig) -> dict[str, float | None]:
+    if args.device != "cuda":  # CPU: the learner and the hf engine share this process
         rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {"learner_and_hf_engine_rss": rss_kib * 1024 / 1e9, "vllm": None}
-    mib = 1024**2 / 1e9
-    return {"learner": sampler.peaks.get(os.getpid(), 0.0) * mib, "vllm": sampler.peak_others * mib}
+    import torch
+
+    # vLLM takes its share of the GPU when it starts (gpu_memory_utilization) and holds it.
+    total = torch.cuda.get_device_properties(0).total_memory
+    return {"learner": cuda_peak_memory_gb(), "vllm": config.vllm.gpu_memory_utilization * total / 1e9}
 
 
 def _gpu_name() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,8 +40,39 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_cpu_kernels()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the longest files to the front, keeping every file's own order (the sort is stable)."""
+def _no_cuda_reason() -> str | None:
+    """Why tests marked ``gpu`` cannot run here, or None when torch sees a CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return f"torch {torch.__version__} sees no CUDA device (CUDA build: {torch.version.cuda or 'none'})"
+
+
+_GPU_DESELECTED: list[int] = []  # tests marked gpu this process deselected
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line saying why the tests marked ``gpu`` did not run (printed even with -q). Under
+    pytest-xdist the workers deselect them, so the controller says it whenever there is no GPU."""
+    reason = _no_cuda_reason()
+    distributed = bool(getattr(config.option, "numprocesses", None))
+    if reason is not None and (sum(_GPU_DESELECTED) or distributed):
+        count = f"{sum(_GPU_DESELECTED)} " if sum(_GPU_DESELECTED) else ""
+        terminalreporter.write_line(
+            f"{count}tests marked gpu deselected: {reason}; bench/device_check.sh runs them on a GPU machine"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``gpu`` without a CUDA device (deselected, not skipped: a skip would
+    read as a feature missing here); then move the longest files to the front, keeping every file's
+    own order (the sort is stable)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu and _no_cuda_reason() is not None:
+        config.hook.pytest_deselected(items=gpu)
+        _GPU_DESELECTED.append(len(gpu))
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
     rank = {REPO_ROOT / "tests" / name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
 

@@ -20,7 +20,7 @@ Logprobs are raw: log-softmax of the unprocessed logits at the sampled token (``
 sampled. Tool calls are parsed (hermes ``<tool_call>``) when the request has tools and
 ``tool_choice`` is not "none"; other ``tool_choice`` values are not enforced (no guided decoding).
 Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter. With
-``batch_invariant`` (the default) a row's logits do not depend on which rows share its batch
+``batch_invariant`` (the default on the CPU) a row's logits do not depend on which rows share its batch
 (``batch_invariant.py``), so a seeded request samples the same tokens however requests are timed.
 
 Vision-language models (a config with a ``vision_config`` and an ``image_token_id``, e.g. Qwen2-VL)
@@ -92,6 +92,15 @@ def _validate(request: GenerationRequest) -> None:
         )
 
 
+def default_batch_invariant(device: str | torch.device) -> bool:
+    """Whether the engine computes rows batch-invariantly unless told: on the CPU only.
+
+    On CUDA it buys no invariance (cuBLAS picks its kernels by shape, which the row padding does not
+    fix) and costs one attention call per row per layer plus a copy of each row's KV cache per step.
+    """
+    return torch.device(device).type == "cpu"
+
+
 class HFEngine(DecodeLoop):
     """An in-process engine on transformers + peft (CPU or a small GPU)."""
 
@@ -103,9 +112,10 @@ class HFEngine(DecodeLoop):
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
-        batch_invariant: bool = True,
+        batch_invariant: bool | None = None,
         chat_template: str | Path | None = None,
     ) -> None:
+        """``batch_invariant``: unset, on for the CPU and off on CUDA (:func:`default_batch_invariant`)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model_dir = Path(model_dir)
@@ -115,7 +125,9 @@ class HFEngine(DecodeLoop):
         self.dtype = dtype
         # A row's logits are the same to the last bit whichever rows share its batch (see
         # batch_invariant.py), so seeded requests sample the same tokens however agents are timed.
-        self.batch_invariant = batch_invariant
+        self.batch_invariant = (
+            default_batch_invariant(self.device) if batch_invariant is None else batch_invariant
+        )
         self.stats = EngineStats()
         # Checked now, so a bad setting fails before the model loads; applied to the tokenizer in _load.
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None

@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from agents.letters.main import app
 from agents.letters.run_files import QUESTIONS, serving
@@ -66,12 +69,12 @@ def test_missing_cuda_or_vllm_fails_with_a_sentence() -> None:
     assert "sees no CUDA device" in done.stderr or "--vllm-python" in done.stderr
 
 
-def test_the_shell_script_stops_at_once_without_nvidia_smi(tmp_path: Path) -> None:
+def test_the_online_mode_stops_at_once_without_nvidia_smi(tmp_path: Path) -> None:
     # A PATH with only what the script needs before its first check: no nvidia-smi on it.
     for tool in ("dirname", "timeout"):
         (tmp_path / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
     done = subprocess.run(
-        ["/bin/bash", str(SCRIPT.with_suffix(".sh"))],
+        ["/bin/bash", str(SCRIPT.with_suffix(".sh")), "--online"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -81,3 +84,59 @@ def test_the_shell_script_stops_at_once_without_nvidia_smi(tmp_path: Path) -> No
     assert done.stderr.strip() == (
         "device_check: nvidia-smi is not installed: this check needs an NVIDIA GPU and its driver"
     )
+
+
+def test_the_offline_check_on_cuda_without_a_gpu_fails_with_a_sentence(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["/bin/bash", str(SCRIPT.with_suffix(".sh")), "--out", str(tmp_path / "device_check.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable, "DEVICE_CHECK_WORK": str(tmp_path / "work")},
+    )
+    assert done.returncode == 1
+    assert "sees no CUDA device: use --device cpu --tiny for the dry run" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_offline_check_dry_run_on_the_cpu_writes_a_complete_report(tmp_path: Path) -> None:
+    """bench/device_check.sh --device cpu --tiny: every stage of the GPU check, tiny, on this CPU."""
+    out = tmp_path / "out" / "device_check.json"
+    done = subprocess.run(
+        ["/bin/bash", str(SCRIPT.with_suffix(".sh")), "--device", "cpu", "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable, "DEVICE_CHECK_WORK": str(tmp_path / "work")},
+    )
+    log = (out.parent / "device_check.log").read_text() if (out.parent / "device_check.log").exists() else ""
+    assert done.returncode == 0, done.stdout + done.stderr + log[-3000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] and report["device"] == "cpu" and report["torch"]
+    stages = report["stages"]
+    assert list(stages) == ["tests", "demo", "memory", "gateway"]
+    # No CUDA here: the tests marked gpu are deselected, and the report says so.
+    assert stages["tests"]["status"] == "skipped" and "no CUDA device" in stages["tests"]["sentence"]
+    assert all(stages[name]["status"] == "ok" for name in ("demo", "memory", "gateway"))
+    demo = stages["demo"]["results"]
+    assert set(demo["success_rate"]) == {"before", "after"}
+    assert len(demo["step_time_s"]["rollouts"]) == 2 and set(demo["step_time_s"]["median"]) == {
+        "rollouts",
+        "update",
+        "adapter_load",
+    }
+    models = stages["memory"]["results"]["models"]
+    assert list(models) == ["qwen2.5-0.5b", "qwen2.5-3b", "llama-3-8b"]
+    for model in models.values():
+        assert [update["checkpointing"] for update in model["updates"]] == [False, True]
+        assert all(update["tokens_per_s"] > 0 and update["loss_finite"] for update in model["updates"])
+        assert all(
+            "LoRA inputs kept for backward" in update["plan"]["items_gb"] for update in model["updates"]
+        )
+        assert [level["calls"] for level in model["sampling"]] == [1, 8, 64]
+        mismatch = model["sampler_vs_learner"]
+        assert (
+            mismatch["same_weights"] and mismatch["tokens"] > 0 and mismatch["k3_kl_mean"] < 1e-6
+        )  # float32
+    rows = stages["gateway"]["results"]["rows"]
+    assert [row["clients"] for row in rows] == [1, 4] and all(row["requests_per_s"] > 0 for row in rows)

@@ -87,7 +87,15 @@ def test_the_suggested_change_really_fits(tmp_path: Path, capsys: pytest.Capture
 
 def test_vllm_share_too_small_for_its_weights(tmp_path: Path) -> None:
     config = load_config(
-        _run_config(tmp_path, "llama-3-8b", engine="vllm", vllm={"gpu_memory_utilization": 0.1})
+        # Checkpointing: 8192 tokens of Llama-3-8B's activations, LoRA's float32 inputs with them,
+        # need more than the learner's 80 GB without it.
+        _run_config(
+            tmp_path,
+            "llama-3-8b",
+            engine="vllm",
+            vllm={"gpu_memory_utilization": 0.1},
+            learner={"gradient_checkpointing": True},
+        )
     )
     node = Node([Gpu(0, 80 * 10**9), Gpu(1, 80 * 10**9)], present=True)
     with pytest.raises(PlanError, match="vLLM's share of cuda:0 \\(8.0 GB\\) cannot hold"):
@@ -133,7 +141,9 @@ def test_train_preflight_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 
 def test_a_free_gpu_is_suggested_before_anything_else(tmp_path: Path) -> None:
     path = _run_config(tmp_path, "qwen2.5-7b", engine="vllm", learner={"device": "cuda"})
-    config = load_config(path, ["vllm.gpu_memory_utilization=0.5", "placement.num_gpus=2"])
+    # 4096 tokens per micro-batch: the learner alone fits a free 80 GB GPU (8192 need checkpointing).
+    overrides = ["vllm.gpu_memory_utilization=0.5", "placement.num_gpus=2", "max_tokens_per_microbatch=4096"]
+    config = load_config(path, overrides)
     node = Node([Gpu(0, 80 * 10**9), Gpu(1, 80 * 10**9)], present=True)
     with pytest.raises(PlanError, match='it fits with learner.device="cuda:1"'):
         check(config, shape_for(config.model), node)

@@ -15,9 +15,10 @@ from trainer.config.learner import LearnerConfig
 from trainer.config.loading import load_config, validate_config
 from trainer.config.lora import LoraConfig
 from trainer.config.placement import PlacementConfig
+from trainer.config.prices import TokenPrices
 from trainer.config.ray import RayConfig
 from trainer.config.server import PolicyServerConfig
-from trainer.config.train import TokenPrices, TrainConfig
+from trainer.config.train import TrainConfig
 
 __all__ = [
     "BASE_DIR_KEY",

@@ -28,13 +28,14 @@ class HFEngineConfig(_Section):
         "on CPU (where sampler and learner logprobs then agree to about 1e-6).",
     )
 
-    batch_invariant: bool = Field(
-        default=True,
+    batch_invariant: bool | None = Field(
+        default=None,
         description="Compute each row of a batch independently of the other rows (attention over "
         "the row's own keys, matrix products padded to full BLAS tiles), so a seeded call samples "
         "the same tokens whichever calls share its batch and a run repeats exactly however its "
-        "agents are timed (on CPU; CUDA kernels are not covered). False is faster: about 0.7x the "
-        "tokens per second at 1 to 8 concurrent calls on the tiny model (bench/hf_engine.py).",
+        "agents are timed. False is faster (docs/benchmarks.md). Unset: on for an engine on the "
+        "CPU, off on CUDA, where it buys no invariance (cuBLAS picks kernels by shape) and costs an "
+        "attention call per row per layer.",
     )
 
 
@@ -92,7 +93,8 @@ class VLLMConfig(_Section):
     sleep_level: Literal[1, 2] = Field(
         default=1,
         description="vLLM's sleep level: 1 offloads the weights to CPU memory and drops the KV "
-        "cache; 2 also drops the weights (vLLM must then reload them itself).",
+        "cache. 2 (drop the weights too) is refused: vLLM wakes from it with the weights gone, and "
+        "rftkit does not reload them.",
     )
     max_lora_rank: int = Field(
         default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."

@@ -9,12 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from handlers import RUNTIME_ARN_FORM, is_runtime_arn
 from trainer.config.common import (
@@ -28,16 +23,9 @@ from trainer.config.engines import HFEngineConfig, VLLMConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.lora import LoraConfig
 from trainer.config.placement import PlacementConfig
+from trainer.config.prices import TokenPrices
 from trainer.config.ray import RayConfig
 from trainer.config.server import PolicyServerConfig
-
-
-class TokenPrices(_Section):
-    """Dollars per million tokens in the SageMaker cost model's three buckets (defaults: its demo)."""
-
-    prefill: float = Field(default=0.12, ge=0, description="Price per million prompt (prefill) tokens.")
-    sample: float = Field(default=0.30, ge=0, description="Price per million sampled tokens.")
-    train: float = Field(default=0.36, ge=0, description="Price per million trained tokens.")
 
 
 class TrainConfig(_Section):
@@ -279,7 +267,7 @@ class TrainConfig(_Section):
     mlflow_tracking_uri: str | None = Field(
         default=None,
         description="MLflow tracking URI (a server or a store path); unset: a local file store in "
-        "output_dir/mlruns.",
+        "output_dir/mlruns; 'none': no MLflow (the steps still go to output_dir/metrics.jsonl).",
     )
     mlflow_experiment_name: str = Field(default="rftkit", min_length=1, description="MLflow experiment.")
     run_name: str | None = Field(default=None, description="MLflow run name; unset: output_dir's name.")
@@ -342,19 +330,6 @@ class TrainConfig(_Section):
     def _consistent(self) -> TrainConfig:
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon ({self.epsilon})")
-        if self.engine == "vllm" and self.vllm.max_lora_rank < self.lora.r:
-            raise ValueError(
-                f"vllm.max_lora_rank ({self.vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
-            )
-        if self.ray is not None and self.engine == "vllm" and self.vllm.attach_url is not None:
-            raise ValueError(
-                "ray with vllm.attach_url: Ray replicas start their own vLLM servers; unset attach_url"
-            )
-        if self.ray is not None and self.vllm.enable_sleep_mode:
-            raise ValueError(
-                "ray with vllm.enable_sleep_mode: Ray replicas hold their own GPUs, so there is no "
-                "learner to hand memory to; unset enable_sleep_mode"
-            )
         if self.ray is not None and self.vllm.devices is not None:
             raise ValueError("ray with vllm.devices: Ray assigns each replica its GPUs; unset devices")
         if self.policy_server.gateway_workers > 1 and self.engine != "vllm":
@@ -369,12 +344,42 @@ class TrainConfig(_Section):
             )
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
-        if self.engine == "vllm" and self.vllm.max_loras < self.max_off_policy_steps + 2:
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_consistent(self) -> TrainConfig:
+        vllm = self.vllm
+        if self.engine == "vllm" and vllm.max_lora_rank < self.lora.r:
+            raise ValueError(
+                f"vllm.max_lora_rank ({vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
+            )
+        if self.ray is not None and self.engine == "vllm" and vllm.attach_url is not None:
+            raise ValueError(
+                "ray with vllm.attach_url: Ray replicas start their own vLLM servers; unset attach_url"
+            )
+        if self.ray is not None and vllm.enable_sleep_mode:
+            raise ValueError(
+                "ray with vllm.enable_sleep_mode: Ray replicas hold their own GPUs, so there is no "
+                "learner to hand memory to; unset enable_sleep_mode"
+            )
+        if vllm.enable_sleep_mode and vllm.sleep_level != 1:
+            raise ValueError(
+                f"vllm.sleep_level {vllm.sleep_level}: vLLM drops the weights at level 2 and wakes "
+                "without them, and rftkit does not reload them (the base model never changes, so "
+                "level 1, weights kept in CPU memory, loses nothing); set sleep_level: 1"
+            )
+        if vllm.enable_sleep_mode and self.max_off_policy_steps > 0:
+            raise ValueError(
+                f"vllm.enable_sleep_mode with max_off_policy_steps {self.max_off_policy_steps}: vLLM "
+                "would sleep during each update while later steps' rollouts are still sampling from "
+                "it; unset enable_sleep_mode or set max_off_policy_steps: 0"
+            )
+        if self.engine == "vllm" and vllm.max_loras < self.max_off_policy_steps + 2:
             # The versions in flight (up to k), the newest one and the one being replaced.
             raise ValueError(
                 f"max_off_policy_steps {self.max_off_policy_steps} keeps up to "
                 f"{self.max_off_policy_steps + 2} adapter versions loaded in vLLM; set vllm.max_loras to "
-                f"at least {self.max_off_policy_steps + 2} (it is {self.vllm.max_loras})"
+                f"at least {self.max_off_policy_steps + 2} (it is {vllm.max_loras})"
             )
         return self
 

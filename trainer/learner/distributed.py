@@ -102,6 +102,30 @@ def _all_reduce_sum(parameters: Sequence[torch.Tensor]) -> None:
         offset += parameter.numel()
 
 
+def worker_device(learner_device: str) -> str:
+    """The device of a learner worker whose driver placed the learner on ``learner_device``.
+
+    Ray gives each CUDA worker one GPU of its own (CUDA_VISIBLE_DEVICES), so its first device,
+    ``cuda:0``: with an index, which ``torch.cuda.set_device`` needs (it refuses a bare ``cuda``).
+    """
+    return "cuda:0" if learner_device.startswith("cuda") else "cpu"
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it (dicts, lists, tuples, nested) moved to the CPU, detached.
+
+    What a worker returns crosses to the Ray driver: a CUDA tensor there cannot be unpickled without
+    CUDA, and with CUDA it lands on the learner's GPU as a copy. CPU tensors are returned as they are.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value
+    if isinstance(value, dict):
+        return {key: to_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
 def _adapter_files(directory: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()}
 
@@ -151,17 +175,17 @@ class LearnerWorker:
         return self.learner.train_step(sequences, seed=seed, old_logprobs=old_logprobs)
 
     def shard_old_logprobs(self, sequences: list[TrainingSequence]) -> dict[int, torch.Tensor]:
-        return self.learner.shard_old_logprobs(sequences)
+        return to_cpu(self.learner.shard_old_logprobs(sequences))
 
     def adapter_files(self) -> dict[str, bytes]:
         with tempfile.TemporaryDirectory() as directory:
             return _adapter_files(self.learner.save_adapter(Path(directory) / "adapter"))
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
-        return self.learner.adapter_state()
+        return to_cpu(self.learner.adapter_state())
 
     def training_state(self) -> dict[str, Any]:
-        return self.learner.training_state()
+        return to_cpu(self.learner.training_state())
 
     def restore(self, files: dict[str, bytes], training_state: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as directory:
@@ -188,8 +212,7 @@ class RayLearner:
             raise ValueError("RayLearner needs the config's ray section")
         placement = placement or place(config, node_for(config, detect_gpus()))
         cuda = placement.learner_device.startswith("cuda")
-        # Ray gives each CUDA worker one GPU of its own (CUDA_VISIBLE_DEVICES): its first device.
-        placed = dataclasses.replace(placement, learner_device="cuda" if cuda else "cpu")
+        placed = dataclasses.replace(placement, learner_device=worker_device(placement.learner_device))
         self.id = uuid.uuid4().hex[:8]
         world = settings.learner_workers
         self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]

@@ -40,7 +40,7 @@ from trainer.algo.sequences import (
     pad_batch,
     right_pad,
 )
-from trainer.learner.model import TRAINED_ADAPTER, build_model
+from trainer.learner.model import TRAINED_ADAPTER, build_model, rng_devices
 from trainer.learner.steps import (
     GradientSums,
     StepResult,
@@ -211,7 +211,7 @@ class Learner:
             raise ValueError("train_step needs at least one sequence")
         if old_logprobs is not None and len(old_logprobs) != len(sequences):
             raise ValueError(f"{len(old_logprobs)} old logprob rows for {len(sequences)} sequences")
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(self.device)):
             return self._train_step(sequences, old_logprobs, seed)
 
     def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:

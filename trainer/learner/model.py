@@ -29,9 +29,7 @@ def build_model(
     base = load_model(model_dir, dtype=dtype, **placed)
     if config.learner.gradient_checkpointing:
         base.config.use_cache = False
-        # Non-reentrant: gradients reach the LoRA weights although the frozen embeddings' output
-        # does not require grad.
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(base)
     reference_adapter: str | None = None
     # autocast_adapter_dtype: a bf16/fp16 base still gets float32 LoRA weights (and so float32
     # gradients and AdamW state): bf16 updates of small weights round away.
@@ -60,3 +58,29 @@ def build_model(
         model.set_adapter(TRAINED_ADAPTER)
         reference_adapter = REFERENCE_ADAPTER
     return model, reference_adapter
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation (gradient) checkpointing on ``model``, non-reentrant: gradients reach the LoRA
+    weights although the frozen embeddings' output does not require grad.
+
+    transformers renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
+    during 5.x; an older one (a GPU machine's) has only the first.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def rng_devices(device: torch.device) -> list[int]:
+    """The CUDA devices whose generators ``fork_rng`` must save around a step on ``device``.
+
+    A step reseeds with ``torch.manual_seed``, which reseeds every CUDA device's generator too: on
+    CUDA all of them are saved and restored (the caller's sampling, e.g. an hf engine on another
+    GPU, draws on as if no step ran); on the CPU none (no CUDA state is touched or initialised).
+    """
+    if device.type != "cuda":
+        return []
+    return list(range(torch.cuda.device_count()))

@@ -35,12 +35,16 @@ class TokenCost:
         ) / 1_000_000
 
 
+NO_MLFLOW = "none"  # the tracking URI that turns MLflow off (the JSONL and the sinks stay)
+
+
 class MetricsLogger:
     """Writes each step's record to ``run_dir/metrics.jsonl`` and to an MLflow run.
 
     On resume, pass the checkpoint's step and MLflow run id: records after that step (written by the
     run that died before checkpointing them) are dropped from the JSONL, and the same MLflow run
-    continues.
+    continues. ``tracking_uri="none"`` (:data:`NO_MLFLOW`): no MLflow run, and mlflow is not imported
+    (a machine without it still trains and writes the JSONL).
     """
 
     def __init__(
@@ -61,12 +65,16 @@ class MetricsLogger:
         if resume_step is not None:
             self._truncate_after(resume_step)
         uri = tracking_uri
+        self.tracking_uri = uri
+        self._client: Any = None
+        self.mlflow_run_id: str | None = resume_run_id
+        if uri == NO_MLFLOW:
+            return
         if uri.startswith("file:"):
             # mlflow-skinny has no database backend; its file store must be opted into.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
 
-        self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         if resume_run_id is not None:
             self.mlflow_run_id = resume_run_id
@@ -87,6 +95,8 @@ class MetricsLogger:
         self.jsonl_path.write_text("".join(f"{line}\n" for line in kept))
 
     def log_params(self, params: dict[str, Any]) -> None:
+        if self._client is None:
+            return
         from mlflow.entities import Param
 
         # MLflow caps a batch at 100 params and a value at 6000 characters.
@@ -96,11 +106,17 @@ class MetricsLogger:
 
     def log_step(self, step: int, record: dict[str, Any]) -> None:
         """Append ``record`` (plus the step and a timestamp) to the JSONL; numbers go to MLflow."""
-        from mlflow.entities import Metric
-
         line = {"step": step, "time": time.time(), **record}
         with open(self.jsonl_path, "a") as handle:
             handle.write(json.dumps(line) + "\n")
+        if self._client is not None:
+            self._log_mlflow(step, record)
+        for sink in self.sinks:
+            sink(step, record)
+
+    def _log_mlflow(self, step: int, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         metrics = [
             Metric(key, float(value), now, step)
@@ -109,18 +125,20 @@ class MetricsLogger:
         ]
         for start in range(0, len(metrics), 1000):
             self._client.log_batch(self.mlflow_run_id, metrics=metrics[start : start + 1000])
-        for sink in self.sinks:
-            sink(step, record)
 
     def log_artifact(self, local_path: Path, artifact_path: str | None = None) -> None:
         """Copy a file (or a directory's files) into the MLflow run's artifacts, under ``artifact_path``."""
         path = Path(local_path)
+        if self._client is None:
+            return
         if path.is_dir():
             self._client.log_artifacts(self.mlflow_run_id, str(path), artifact_path)
         else:
             self._client.log_artifact(self.mlflow_run_id, str(path), artifact_path)
 
     def close(self, *, failed: bool = False) -> None:
+        if self._client is None:
+            return
         self._client.set_terminated(self.mlflow_run_id, status="FAILED" if failed else "FINISHED")
 
 

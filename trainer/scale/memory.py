@@ -119,12 +119,41 @@ class ModelShape:
         peft's "all-linear" wraps nn.Linear modules only: fused expert weights are parameters, not
         modules, so an MoE's experts get no adapter from it.
         """
+        per_layer = sum(rank * (i + o) for i, o in self.adapted_modules(targets))
+        return self.layers * per_layer
+
+    def adapted_modules(self, targets: Iterable[str] | str) -> list[tuple[int, int]]:
+        """(in, out) features of each module of one layer a LoRA adapter on ``targets`` wraps."""
         wanted = set(ALL_LINEAR if targets == "all-linear" else targets)
-        shapes = self.linear_shapes()
         if self.experts and targets == "all-linear":
             wanted -= {"gate_proj", "up_proj", "down_proj"}
-        per_layer = sum(rank * (i + o) for name, (i, o) in shapes.items() if name in wanted)
-        return self.layers * per_layer
+        return [shape for name, shape in self.linear_shapes().items() if name in wanted]
+
+    def lora_activation_bytes(
+        self,
+        tokens: int,
+        rank: int,
+        targets: Iterable[str] | str,
+        dtype_bytes: int,
+        checkpointing: bool,
+        dropout: bool = False,
+    ) -> int:
+        """What peft's LoRA keeps for its backward pass in one micro-batch of ``tokens`` tokens, on
+        top of :meth:`activation_bytes`: per adapted module and token,
+
+        - the input lora_A keeps for its weight gradient: peft casts the layer's input to the
+          adapter's float32, a copy of ``in`` features x 4 bytes in a bf16/fp16 model (in a float32
+          model, without dropout, it is the layer's input itself, already counted);
+        - lora_A's output, which lora_B keeps: ``rank`` x 4 bytes;
+        - with LoRA dropout, its mask (``in`` x 1 byte) and its float32 output (what lora_A keeps).
+
+        Every layer keeps them; with checkpointing only the layer being recomputed does.
+        """
+        per_layer = 0
+        for features, _ in self.adapted_modules(targets):
+            copy = features * 4 if dtype_bytes != 4 or dropout else 0
+            per_layer += copy + rank * 4 + (features if dropout else 0)
+        return tokens * per_layer * (1 if checkpointing else self.layers)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token takes across all layers."""

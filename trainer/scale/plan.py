@@ -148,6 +148,19 @@ def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement)
             "update",
         ),
         Item(
+            f"LoRA inputs kept for backward ({len(shape.adapted_modules(config.lora.target_modules))} "
+            "adapted modules/layer, float32)",
+            shape.lora_activation_bytes(
+                tokens,
+                config.lora.r,
+                config.lora.target_modules,
+                width,
+                checkpointing,
+                dropout=config.lora.lora_dropout > 0,
+            ),
+            "update",
+        ),
+        Item(
             f"logits chunk ({chunk} positions x {shape.vocab} vocab)",
             shape.logits_bytes(chunk, width),
             "update",

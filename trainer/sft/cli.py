@@ -61,6 +61,15 @@ def build_parser(add_sources: SourceOptions | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--device", default="auto", help="torch device: auto (the first GPU, else cpu), cpu, cuda:N"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the base model's dtype (default auto: bfloat16 on CUDA, float32 on the CPU)",
+    )
+    parser.add_argument(
         "--chat-template",
         help="template replacing the model's own: a shipped name (chatml-tools) or a Jinja file; use "
         "the one training will serve with (the config's chat_template)",
@@ -97,6 +106,8 @@ def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
             seed=args.seed,
             on_step=report,
             chat_template=args.chat_template,
+            device=args.device,
+            dtype=args.dtype,
         )
     except (DemonstrationError, ValueError, OSError) as exc:
         print(f"rft sft: {exc}", file=sys.stderr)

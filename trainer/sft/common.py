@@ -8,6 +8,7 @@ sample: each assistant turn's content and tool calls up to and including its end
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,7 +154,7 @@ class Trainee:
     ``trainer.sft.vision``)."""
 
     encoded: list[Any]
-    load_model: Callable[[], Any]
+    load_model: Callable[[torch.dtype], Any]  # the base model, loaded in this dtype
     batch: Callable[[list[Any]], dict[str, torch.Tensor]]
     loss: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
 
@@ -178,3 +179,28 @@ def held_out_loss(model: Any, trainee: Trainee, batch_size: int = 16) -> float:
             tokens += count
     model.train()
     return total / max(tokens, 1)
+
+
+def sft_device_and_dtype(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """The warm start's device and base dtype, resolved as the learner's ``auto``: the first CUDA
+    device when torch sees one (``cuda`` means ``cuda:0``), else the CPU; bfloat16 on CUDA, float32
+    on the CPU."""
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda":
+        device = "cuda:0"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return torch.device(device), getattr(torch, dtype)
+
+
+def on_device(trainee: Trainee, device: torch.device) -> Trainee:
+    """``trainee`` with its batches made on ``device`` (the same trainee on the CPU)."""
+    if device.type == "cpu":
+        return trainee
+    make = trainee.batch
+
+    def batch(examples: list[Any]) -> dict[str, torch.Tensor]:
+        return {name: value.to(device) for name, value in make(examples).items()}
+
+    return dataclasses.replace(trainee, batch=batch)

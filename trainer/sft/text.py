@@ -27,7 +27,9 @@ from trainer.sft.common import (
     demonstration_batch,
     encode_demonstration,
     held_out_loss,
+    on_device,
     pad_token_id,
+    sft_device_and_dtype,
 )
 from trainer.sft.vision import vision_trainee
 
@@ -49,10 +51,20 @@ def _trainee(
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
-        load_model=lambda: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32),
+        load_model=lambda dtype: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype),
         batch=lambda examples: demonstration_batch(examples, pad_id),
         loss=assistant_loss,
     )
+
+
+def _with_lora(base: Any, r: int, alpha: float, dropout: float, targets: Sequence[str]) -> Any:
+    """``base`` with a fresh trainable LoRA adapter (peft keeps its weights float32 on a bf16 base)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(base, lora)
 
 
 def run_sft(
@@ -71,34 +83,31 @@ def run_sft(
     on_step: Callable[[int, float], None] | None = None,
     chat_template: str | Path | None = None,
     stop: StopAtLoss | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> SftResult:
     """Train a fresh LoRA adapter on ``demonstrations`` for ``steps`` AdamW steps; save it to ``out_dir``.
 
     Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
     every step (progress display). ``chat_template`` replaces the model's own template (a shipped
     name or a file, see ``policy_server.models.chat_templates``): use the one the policy server will use.
-    ``stop`` ends the run before ``steps`` once a held-out loss reaches its target.
+    ``stop`` ends the run before ``steps`` once a held-out loss reaches its target. ``device`` and
+    ``dtype``: where and in which dtype the base model runs, resolved as the learner's
+    (:func:`sft_device_and_dtype`: the first GPU in bfloat16, else the CPU in float32); the LoRA
+    weights stay float32.
     """
-    from peft import LoraConfig, get_peft_model
-
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
-    trainee = _trainee(model_dir, demonstrations, chat_template)
-    held_out = None if stop is None else _trainee(model_dir, stop.demonstrations, chat_template)
+    placed, torch_dtype = sft_device_and_dtype(device, dtype)
+    trainee = on_device(_trainee(model_dir, demonstrations, chat_template), placed)
+    held_out = (
+        None if stop is None else on_device(_trainee(model_dir, stop.demonstrations, chat_template), placed)
+    )
     encoded = trainee.encoded
     torch.manual_seed(seed)
-    base = trainee.load_model()
-    model = get_peft_model(
-        base,
-        LoraConfig(
-            r=lora_r,
-            lora_alpha=lora_alpha,
-            lora_dropout=lora_dropout,
-            target_modules=list(target_modules),
-            task_type="CAUSAL_LM",
-        ),
-    )
+    base = trainee.load_model(torch_dtype).to(placed)
+    model = _with_lora(base, lora_r, lora_alpha, lora_dropout, target_modules)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate)

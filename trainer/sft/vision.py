@@ -117,7 +117,7 @@ def vision_trainee(
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
-        load_model=lambda: load_model(model_dir, dtype=torch.float32),
+        load_model=lambda dtype: load_model(model_dir, dtype=dtype),
         batch=lambda examples: vision_batch(examples, pad_id, vision.image_token_id),
         loss=vision_assistant_loss,
     )
