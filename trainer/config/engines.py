@@ -10,6 +10,7 @@ from pydantic import (
     model_validator,
 )
 
+from handlers import http_url
 from trainer.config.common import ConfigPath, DeviceName, TorchDtype, _Section
 
 
@@ -122,9 +123,7 @@ class VLLMConfig(_Section):
     @field_validator("attach_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/") if value else value
+        return None if value is None else http_url(value)
 
     @model_validator(mode="after")
     def _devices_match_tensor_parallel(self) -> VLLMConfig:

@@ -7,6 +7,7 @@ from pydantic import (
     field_validator,
 )
 
+from handlers import http_url
 from policy_server import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -84,6 +85,4 @@ class PolicyServerConfig(_Section):
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/") if value else value
+        return None if value is None else http_url(value)
