@@ -7,8 +7,9 @@ does not pull in bedrock-agentcore, strands, openai or uvicorn.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from handlers.lazy import lazy_attributes
 
 _LAZY: dict[str, str] = {
     # the wire protocol, defined once
@@ -64,6 +65,7 @@ _LAZY: dict[str, str] = {
     "http_url": "handlers.urls",
     # running servers and event loops in threads
     "LoopThread": "handlers.loop_thread",
+    "lazy_attributes": "handlers.lazy",
     **dict.fromkeys(
         [
             "HEADER_TIMEOUT_S",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
     from handlers.decorator import rft_app, rft_handler
     from handlers.episode_errors import ends_episode, refused_by_endpoint
+    from handlers.lazy import lazy_attributes
     from handlers.loop_thread import LoopThread
     from handlers.protocol import (
         CHAT_COMPLETIONS_PATH,
@@ -177,13 +180,7 @@ __all__ = [
     "runtime_session_id",
     "serve_in_thread",
     "http_url",
+    "lazy_attributes",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'handlers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -5,7 +5,7 @@ The heavy parts (torch, transformers, peft) load only when used: ``from trainer 
 
 from __future__ import annotations
 
-from typing import Any
+from handlers import lazy_attributes
 
 _LAZY = {
     "TrainConfig": "trainer.config",
@@ -20,10 +20,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -4,8 +4,9 @@ peft), vLLM as a separate server process, and inference replicas on Ray (``engin
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from handlers import lazy_attributes
 
 # name -> (module, attribute): imported on first use, so importing this package stays light.
 _LAZY: dict[str, tuple[str, str]] = {
@@ -44,11 +45,4 @@ __all__ = [
     "sample_tokens",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -4,8 +4,9 @@ wire format (requests in ``chat_api``, answers in ``chat_replies``), images in r
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from handlers import lazy_attributes
 
 # name -> (module, attribute): imported on first use, so importing this package stays light.
 _LAZY: dict[str, tuple[str, str]] = {
@@ -80,11 +81,4 @@ __all__ = [
     "stream_chunks",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -6,7 +6,7 @@ data-parallel workers on Ray (``distributed``) and checkpoints (``checkpoint``).
 
 from __future__ import annotations
 
-from typing import Any
+from handlers import lazy_attributes
 
 _LAZY = {
     "Learner": "trainer.learner.learner",
@@ -16,10 +16,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainer.learner' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

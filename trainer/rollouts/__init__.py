@@ -7,7 +7,7 @@ The public surface, loaded lazily.
 
 from __future__ import annotations
 
-from typing import Any
+from handlers import lazy_attributes
 
 _LAZY = {
     "PlayedRollout": "trainer.rollouts.producer",
@@ -19,10 +19,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainer.rollouts' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -6,7 +6,7 @@ The public surface, loaded lazily (torch only when used): ``from trainer.sft imp
 
 from __future__ import annotations
 
-from typing import Any
+from handlers import lazy_attributes
 
 _LAZY = {
     "run_sft": "trainer.sft.text",
@@ -26,10 +26,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainer.sft' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)
