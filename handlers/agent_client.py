@@ -39,6 +39,8 @@ class FailureCause(StrEnum):
     BAD_RESPONSE = "bad_response"  # a 200 answer that is not a rollout result
     SKIPPED = "skipped"  # the agent skipped the row ({"status": "skipped"})
     NO_REPORT = "no_report"  # the agent finished but reported no reward, neither answer nor update-reward
+    MODEL_CALLS_REFUSED = "model_calls_refused"  # every model call it made was refused (401, 4xx)
+    NO_MODEL_CALLS = "no_model_calls"  # the agent answered without calling the model: nothing to train on
 
 
 # --- targets ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from handlers.loop_thread import LoopThread
@@ -135,7 +135,7 @@ class ServingThread:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app,
+            QuietShutdown(self.app, lambda: self._uvicorn is not None and self._uvicorn.should_exit),
             log_level=self.log_level,
             lifespan="off",
             timeout_graceful_shutdown=5,
@@ -216,6 +216,43 @@ class ServingThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+SHUTDOWN_BODY = (
+    b'{"error": {"message": "The server is shutting down; this call was not finished.", "code": 503}}'
+)
+
+
+class QuietShutdown:
+    """Requests still running when uvicorn's graceful shutdown runs out are cancelled by uvicorn, which
+    logs each one's ``CancelledError`` traceback ("timeout graceful shutdown exceeded"). A run that
+    ends with rollouts in flight is expected to; such a request answers 503 (when nothing was sent
+    yet) and ends quietly. Any other cancellation propagates."""
+
+    def __init__(self, app: ASGIApp, stopping: Callable[[], bool]) -> None:
+        self.app = app
+        self.stopping = stopping
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if not self.stopping():
+                raise
+            if not started:
+                headers = [(b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": 503, "headers": headers})
+                await send({"type": "http.response.body", "body": SHUTDOWN_BODY})
 
 
 @contextmanager

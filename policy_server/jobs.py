@@ -19,6 +19,8 @@ from policy_server.trace import CallRecord, RolloutTrace, TokenCounters
 # Finished rollout ids remembered per job, so that a late call answers "finished" instead of "unknown".
 # Bounded so that a job running for days keeps flat memory; older ids fall back to "unknown" (still 4xx).
 FINISHED_IDS_KEPT = 65_536
+# A refusal's sentence kept in its rollout's trace (the first one only).
+REFUSAL_TEXT_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,11 @@ class JobRegistry:
                 rollout.records.append((ticket.sequence, record))
                 rollout.last_active = time.monotonic()
 
-    def reject_call(self, job_arn: str | None, rollout_id: str | None) -> None:
-        """Count a refused call against its job and rollout, where those are known."""
+    def reject_call(
+        self, job_arn: str | None, rollout_id: str | None, status: int = 400, message: str = ""
+    ) -> None:
+        """Count a refused call against its job and rollout, where those exist (it opens neither);
+        the rollout keeps its first refusal's text, the trainer's reason when it fails the rollout."""
         with self._lock:
             job = self._jobs.get(job_arn) if job_arn else None
             if job is None:
@@ -162,6 +167,10 @@ class JobRegistry:
             rollout = job.rollouts.get(rollout_id) if rollout_id else None
             if rollout is not None:
                 rollout.trace.rejected_calls += 1
+                if status in (401, 403):
+                    rollout.trace.auth_refused_calls += 1
+                if rollout.trace.first_refusal is None:
+                    rollout.trace.first_refusal = f"HTTP {status}: {message}"[:REFUSAL_TEXT_CHARS]
 
     def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
         """The agent's report on a rollout its calls (or the trainer) opened; it opens none itself."""

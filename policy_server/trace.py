@@ -82,6 +82,12 @@ class RolloutTrace(BaseModel):
     )
     rewards: list[float] | None = Field(default=None, description="From POST /update-reward, if any.")
     rejected_calls: int = Field(default=0, description="Calls answered with a 4xx (over caps, bad input).")
+    auth_refused_calls: int = Field(
+        default=0, description="Calls the gateway refused for their credentials (401/403)."
+    )
+    first_refusal: str | None = Field(
+        default=None, description="The first refused call's status and sentence: 'HTTP 401: ...'."
+    )
 
 
 class TokenCounters(BaseModel):

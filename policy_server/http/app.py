@@ -73,7 +73,7 @@ async def chat_completions(request: Request) -> Response:
         chat = parse_request(await _body(request))
         result = await unless_disconnected(request, server.complete(job_arn, rollout_id, chat))
     except Rejection as rejection:
-        server.registry.reject_call(job_arn, rollout_id)
+        server.registry.reject_call(job_arn, rollout_id, rejection.status_code, rejection.message)
         return error_response(request.url.path, rejection.status_code, rejection.message)
     except EngineError as error:
         return error_response(request.url.path, 500, str(error))
@@ -216,5 +216,6 @@ def build_app(server: PolicyServer) -> Starlette:
         api_key=server.api_key,
         admin_key=server.admin_key,
         sagemaker_tokens=server.sagemaker_tokens,
+        on_refusal=server.registry.reject_call,
     )
     return app

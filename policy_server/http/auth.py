@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.http.responses import error_response
 from policy_server.http.sigv4_token import SageMakerTokenPolicy
 
@@ -17,8 +19,25 @@ ADMIN_NOT_SERVED = (
 )
 
 
+_JOB_ARN = JOB_ARN_HEADER.lower().encode()
+_TRAJECTORY_ID = TRAJECTORY_ID_HEADER.lower().encode()
+
+# Counts a refused call against the job and rollout its headers name, where those exist (it opens and
+# changes nothing else): ``JobRegistry.reject_call``.
+RefusalSink = Callable[[str | None, str | None, int, str], None]
+
+
 def _bearer(scope: Scope) -> bytes:
     return dict(scope["headers"]).get(b"authorization", b"")
+
+
+def _named_rollout(scope: Scope) -> tuple[str | None, str | None]:
+    headers = dict(scope["headers"])
+    job_arn, rollout_id = headers.get(_JOB_ARN), headers.get(_TRAJECTORY_ID)
+    return (
+        job_arn.decode("latin-1") if job_arn else None,
+        rollout_id.decode("latin-1") if rollout_id else None,
+    )
 
 
 def _matches(given: bytes, key: str | None) -> bool:
@@ -39,8 +58,10 @@ class AuthMiddleware:
         api_key: str | None,
         admin_key: str | None,
         sagemaker_tokens: SageMakerTokenPolicy | None = None,
+        on_refusal: RefusalSink | None = None,
     ) -> None:
         self.app = app
+        self.on_refusal = on_refusal
         self.api_key = api_key
         self.admin_key = admin_key
         self.sagemaker_tokens = sagemaker_tokens
@@ -49,6 +70,9 @@ class AuthMiddleware:
         if scope["type"] == "http":
             refusal = self._refusal(scope["path"], _bearer(scope))
             if refusal is not None:
+                if self.on_refusal is not None and not scope["path"].startswith(ADMIN_PREFIX):
+                    # The rollout its headers name learns why its calls failed (the trainer fails it).
+                    self.on_refusal(*_named_rollout(scope), *refusal)
                 await error_response(scope["path"], *refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -19,7 +19,13 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel
 
-from handlers import HEADER_TIMEOUT_S, KEEP_ALIVE_S, MAX_CONNECTIONS, protocol_with_header_timeout
+from handlers import (
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    MAX_CONNECTIONS,
+    QuietShutdown,
+    protocol_with_header_timeout,
+)
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.server import PolicyServer
@@ -96,7 +102,7 @@ async def serve(settings: WorkerSettings) -> None:
     server = worker_server(settings)
     await server.start()
     config = uvicorn.Config(
-        server.app,
+        QuietShutdown(server.app, lambda: http.should_exit),
         log_level=settings.log_level,
         lifespan="off",
         timeout_graceful_shutdown=5,

@@ -69,8 +69,10 @@ class RemoteRegistry:
     def record_call(self, ticket: CallTicket, record: CallRecord) -> None:
         self._link.call("record_call", ticket, record)
 
-    def reject_call(self, job_arn: str | None, rollout_id: str | None) -> None:
-        self._link.send("reject_call", job_arn, rollout_id)
+    def reject_call(
+        self, job_arn: str | None, rollout_id: str | None, status: int = 400, message: str = ""
+    ) -> None:
+        self._link.send("reject_call", job_arn, rollout_id, status, message)
 
     def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
         self._link.call("complete_rollout", job_arn, rollout_id, status)

@@ -126,6 +126,9 @@ def test_without_token_mode_the_sdk_agent_is_refused_and_the_run_says_why(
         else:
             raise AssertionError("the run went on although every call of the agent was refused")
     assert "all 8 rollouts failed" in message and "Missing or wrong API key" in message
+    # Failed by cause, the gateway's refusal shown, whatever reward the SDK's handler answered.
+    assert "model_calls_refused x8, first: the gateway refused all" in message
+    assert "HTTP 401: Missing or wrong API key" in message
 
 
 def test_rft_smoke_tells_an_sdk_agent_without_credentials_to_get_some(

@@ -240,6 +240,8 @@ def test_mixed_faults_are_classified_exactly_and_nothing_outlives_the_deadline(
         "bad_response": 1,
         "skipped": 1,
         "no_report": 1,
+        "model_calls_refused": 0,
+        "no_model_calls": 0,
     }
     assert counts.total == 13
 

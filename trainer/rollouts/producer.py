@@ -23,6 +23,7 @@ from policy_server import PolicyServer, Rejection, RolloutTrace
 from trainer.config import RewardAggregation
 from trainer.rollouts.fanout import FailureCause, Fanout, RolloutRequest
 from trainer.rollouts.outcomes import RolloutOutcome, resolve_reward
+from trainer.rollouts.refusals import check_model_calls
 
 ResultT = TypeVar("ResultT")
 
@@ -114,7 +115,7 @@ class RolloutProducer:
             # tokens to train on) and the run goes on.
             trace = RolloutTrace(job_arn=self.job_arn, rollout_id=request.rollout_id)
             outcome = _trace_lost(outcome, rejection.message)
-        outcome = resolve_reward(outcome, trace.rewards, self.reward_aggregation)
+        outcome = check_model_calls(resolve_reward(outcome, trace.rewards, self.reward_aggregation), trace)
         rollouts.played[index] = PlayedRollout(request, outcome, trace)
 
 
