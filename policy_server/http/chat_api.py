@@ -69,6 +69,9 @@ class FunctionSpec(_Strict):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    # Accepted, not enforced: no guided decoding holds a call to its schema (docs/chat-api.md); the
+    # OpenAI Agents SDK sends it on every tool.
+    strict: bool | None = None
 
 
 class Tool(_Strict):

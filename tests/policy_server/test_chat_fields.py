@@ -83,6 +83,7 @@ ACCEPTED = [
     ("zero penalties", {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}),
     ("tool_choice auto", {"tools": TOOLS, "tool_choice": "auto"}),
     ("tool_choice none", {"tools": TOOLS, "tool_choice": "none"}),
+    ("strict tools", {"tools": [{"type": "function", "function": {"name": "move", "strict": True}}]}),
 ]
 
 
