@@ -108,6 +108,10 @@ def test_the_step_record_becomes_prometheus_series(run_dir: Path) -> None:
         assert samples[("rftkit_train_step_seconds", (("phase", phase),))] == pytest.approx(
             record["time_s"][phase]
         )
+    for figure in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "ratio_min", "prefix_breaks"):
+        assert samples[("rftkit_train_fidelity", (("figure", figure),))] == pytest.approx(
+            record["fidelity"][figure]
+        )
     assert samples[("rftkit_train_staleness", (("stat", "max"),))] == record["staleness"]["max"] == 0
     assert samples[("rftkit_rollout_failures_total", (("cause", "agent_error"),))] == 2
     assert samples[("rftkit_rollout_failures_total", (("cause", "skipped"),))] == 2
