@@ -10,6 +10,15 @@ from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.http.images import ImageInput, ImageRef
 from policy_server.trace import CallRecord, clipped_for_record
 
+# Text that opens a tool call in the engines' formats (hermes, Mistral, Llama 3.x, gpt-oss): left in a
+# reply's content, the completion tried to call a tool and the parser did not make a call of it.
+TOOL_CALL_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|call|>")
+
+
+def looks_like_unparsed_tool_call(result: GenerationResult) -> bool:
+    """Whether the reply's content still holds a tool-call marker: a call the parser did not take."""
+    return any(marker in (result.content or "") for marker in TOOL_CALL_MARKERS)
+
 
 def without_image_data(messages: list[dict[str, Any]], images: list[ImageInput]) -> list[dict[str, Any]]:
     """``messages`` with each image's data URL replaced by ``sha256:<hex>`` (the bytes are in the store).
@@ -55,4 +64,5 @@ def call_record(
         messages=clipped_for_record(without_image_data(generation.messages, generation.images)),
         tools=generation.tools,
         images=images or [],
+        unparsed_tool_call=looks_like_unparsed_tool_call(result),
     )

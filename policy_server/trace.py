@@ -64,6 +64,11 @@ class CallRecord(BaseModel):
         default_factory=list, description="Request messages, for debugging."
     )
     tools: list[dict[str, Any]] | None = None
+    unparsed_tool_call: bool = Field(
+        default=False,
+        description="The completion looks like a tool call (its content kept a tool-call marker such as "
+        "<tool_call>) but the engine parsed no tool call out of it.",
+    )
     images: list[ImageRef] = Field(
         default_factory=list,
         description="The prompt's images in order: sha256 (the bytes are in the run's image store) "

@@ -25,6 +25,7 @@ from typing import Any
 
 from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
+from trainer.fidelity import check_fidelity
 from trainer.learner.checkpoint import save_checkpoint
 from trainer.record import Sampled, check_failures, step_record
 from trainer.rollouts.evaluation import EvalResult
@@ -120,6 +121,7 @@ def run_step(run: Run, step: int) -> dict[str, Any]:
     run.state.history.append({"step": step, **record})
     run.metrics.log_step(step, record)
     check_failures(step, sampled.played)
+    check_fidelity(run.config.fidelity, step, record["fidelity"])
     _checkpoint_if_due(run, step)
     return record
 

@@ -15,6 +15,7 @@ from trainer.algo.sequences import count_train_tokens
 from trainer.batch import StepBatch
 from trainer.config import TrainConfig
 from trainer.errors import TrainingError
+from trainer.fidelity import split_update_metrics, step_fidelity
 from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.outcomes import FailureCounts, mean_agent_metrics
@@ -42,7 +43,9 @@ def step_record(
     """The step's record, but for its timings."""
     tokens = count_tokens(run, update, sampled.played)
     record = _rollout_record(run.config, sampled.played, batch, tokens, run.totals, sampled.seconds)
-    record["update"] = {"applied": update.applied, **update.metrics}
+    update_metrics, token_figures = split_update_metrics(update.metrics)
+    record["update"] = {"applied": update.applied, **update_metrics}
+    record["fidelity"] = step_fidelity(token_figures, sampled.played)
     record["adapter_version"] = run.state.adapter_version
     record["staleness"] = sampled.staleness
     replica_stats = getattr(run.session.server.engine, "replica_stats", None)

@@ -64,7 +64,10 @@ def test_rft_status_prints_the_run(run_dir: Path, capsys: pytest.CaptureFixture[
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1] == f"{record['reward_mean']:.4f}"
     assert cells[3] == "4/8" and cells[4] == "4"
-    assert cells[8] == f"{record['tokens']['train']:,}"
+    fidelity = record["fidelity"]
+    assert cells[7] == f"{fidelity['logprob_abs_diff_mean']:.2e}/{fidelity['logprob_abs_diff_max']:.2e}"
+    assert cells[8] == str(fidelity["prefix_breaks"])
+    assert cells[10] == f"{record['tokens']['train']:,}"
     assert "failed rollouts by cause: agent_error 2, skipped 2" in out
     assert f"estimated cost ${record['cost_usd_total']:.4f}" in out
     assert f"last checkpoint: {run_dir / 'checkpoints' / 'step-000001'}" in out
@@ -104,6 +107,10 @@ def test_the_step_record_becomes_prometheus_series(run_dir: Path) -> None:
     for phase in PHASES:
         assert samples[("rftkit_train_step_seconds", (("phase", phase),))] == pytest.approx(
             record["time_s"][phase]
+        )
+    for figure in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "ratio_min", "prefix_breaks"):
+        assert samples[("rftkit_train_fidelity", (("figure", figure),))] == pytest.approx(
+            record["fidelity"][figure]
         )
     assert samples[("rftkit_train_staleness", (("stat", "max"),))] == record["staleness"]["max"] == 0
     assert samples[("rftkit_rollout_failures_total", (("cause", "agent_error"),))] == 2

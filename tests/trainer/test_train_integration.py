@@ -41,6 +41,10 @@ def test_three_steps_advance_the_adapter_and_leave_metrics_and_checkpoints(
             record["tokens"]["merge_ratio"] == record["tokens"]["train"] / record["tokens"]["train_per_call"]
         )
         assert set(record["time_s"]) >= {"rollout", "update", "adapter_load", "step"}
+        # The learner scores the sampled tokens as the engine did (fp32 both): far inside the default
+        # fidelity limit, which this run passes (docs/fidelity.md).
+        assert record["fidelity"]["logprob_abs_diff_mean"] < 1e-4
+        assert record["fidelity"]["calls"] == 16
     # Each step samples with the adapter the previous step produced: the versions the traces record.
     assert [record["sampled_adapter_versions"] for record in records] == [[0], [1], [2]]
     assert summary.adapter_version == 3 and records[-1]["adapter_version"] == 3
@@ -64,7 +68,13 @@ def test_three_steps_advance_the_adapter_and_leave_metrics_and_checkpoints(
 
     mlflow_run = MlflowClient(tracking_uri=config.mlflow_uri).get_run(state["mlflow_run_id"])
     assert mlflow_run.info.status == "FINISHED"
-    assert {"reward_mean", "update/loss", "tokens/train", "time_s/rollout"} <= set(mlflow_run.data.metrics)
+    assert {
+        "reward_mean",
+        "update/loss",
+        "tokens/train",
+        "time_s/rollout",
+        "fidelity/logprob_abs_diff_max",
+    } <= set(mlflow_run.data.metrics)
     assert mlflow_run.data.params["num_generations"] == "4"
 
 

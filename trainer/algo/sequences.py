@@ -110,6 +110,18 @@ def _extends(sequence: TrainingSequence, call: CallRecord) -> bool:
     return [ref for ref in call.images if ref.start < length] == sequence.images
 
 
+def prefix_breaks(trace: RolloutTrace) -> int:
+    """Calls of ``trace`` whose prompt ids do not start with the previous call's prompt + completion ids:
+    each starts a new training sequence in :func:`build_sequences` (whose last sequence always ends with
+    the previous call), so the history is trained again. A template that rewrites earlier turns, or text
+    that tokenises differently when rendered back, breaks the prefix; the first call never does."""
+    breaks = 0
+    for previous, call in zip(trace.calls, trace.calls[1:], strict=False):
+        before = previous.prompt_token_ids + previous.completion_token_ids
+        breaks += call.prompt_token_ids[: len(before)] != before
+    return breaks
+
+
 def count_train_tokens(traces: Iterable[RolloutTrace]) -> TrainTokenCounts:
     """Tokens a learner processes with merging (all tokens of :func:`build_sequences`) and without it
     (the sum over calls of prompt + completion length)."""

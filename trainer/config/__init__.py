@@ -1,8 +1,8 @@
 """The training configuration: one validated object read from YAML or TOML, with CLI overrides.
 
-One module per section (``lora``, ``engines``, ``learner``, ``placement``, ``ray``, ``server``), the whole
-``TrainConfig`` in ``train``, reading files in ``loading``, the reference page in ``docs``
-(``python -m trainer.config --markdown`` renders ``docs/config.md`` from the field descriptions).
+One module per section (``lora``, ``engines``, ``learner``, ``fidelity``, ``placement``, ``ray``,
+``server``), the whole ``TrainConfig`` in ``train``, reading files in ``loading``, the reference page
+in ``docs`` (``python -m trainer.config --markdown`` renders ``docs/config.md`` from the field descriptions).
 Torch-free: importing the config pulls pydantic and yaml only.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from trainer.config.common import BASE_DIR_KEY, ConfigError, ImportanceSamplingMode, RewardAggregation
 from trainer.config.docs import EXAMPLE_COMMAND, render_markdown
 from trainer.config.engines import HFEngineConfig, VLLMConfig
+from trainer.config.fidelity import FidelityConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.loading import load_config, validate_config
 from trainer.config.lora import LoraConfig
@@ -24,6 +25,7 @@ __all__ = [
     "BASE_DIR_KEY",
     "EXAMPLE_COMMAND",
     "ConfigError",
+    "FidelityConfig",
     "HFEngineConfig",
     "ImportanceSamplingMode",
     "LearnerConfig",

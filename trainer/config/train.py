@@ -20,6 +20,7 @@ from trainer.config.common import (
     _Section,
 )
 from trainer.config.engines import HFEngineConfig, VLLMConfig
+from trainer.config.fidelity import FidelityConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.lora import LoraConfig
 from trainer.config.placement import PlacementConfig
@@ -273,6 +274,10 @@ class TrainConfig(_Section):
     run_name: str | None = Field(default=None, description="MLflow run name; unset: output_dir's name.")
     prices: TokenPrices = Field(
         default_factory=TokenPrices, description="Token prices per million for the cost estimate."
+    )
+    fidelity: FidelityConfig = Field(
+        default_factory=FidelityConfig,
+        description="Limits on each step's sampler/learner agreement; past one the run stops.",
     )
 
     @model_validator(mode="before")

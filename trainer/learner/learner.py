@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from policy_server.models import VisionInputs, is_vision_model
+from trainer.algo.fidelity import fidelity_metrics
 from trainer.algo.grpo import grpo_loss
 from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
 from trainer.algo.sequences import (
@@ -278,8 +279,16 @@ class Learner:
                 sums.finite = False
                 break
             loss.backward()
+            metrics.update(self._fidelity(logprobs, batch))
             sums.add(float(loss.detach()), metrics, float(batch.loss_mask.sum()))
         return sums
+
+    def _fidelity(self, logprobs: torch.Tensor, batch: SequenceBatch) -> dict[str, float]:
+        """The micro-batch's sampler/learner agreement (:func:`trainer.algo.fidelity.fidelity_metrics`)."""
+        high = self.config.epsilon if self.config.epsilon_high is None else self.config.epsilon_high
+        return fidelity_metrics(
+            logprobs, batch.behavior_logprobs, batch.loss_mask, epsilon=self.config.epsilon, epsilon_high=high
+        )
 
     def _train_step(
         self,
@@ -306,6 +315,7 @@ class Learner:
             finite = math.isfinite(grad_norm)
         result = StepResult(metrics={key: value / max(total_tokens, 1) for key, value in weighted.items()})
         result.metrics.update(maxima)
+        result.metrics.update(sums.minima)
         result.metrics.update(
             loss=loss_sum if finite else float("nan"),
             grad_norm=grad_norm,

@@ -33,12 +33,13 @@ class GradientSums:
     """What one process's micro-batches add to a step (their gradients sit in the parameters' .grad).
 
     ``loss``: the sum of their losses (each already scaled to its share of the batch); ``weighted``:
-    token-weighted sums of per-micro-batch metric means; ``maxima``: the ``*_max`` metrics; ``finite``:
-    False once a loss was not finite."""
+    token-weighted sums of per-micro-batch metric means; ``maxima``: the ``*_max`` metrics;
+    ``minima``: the ``*_min`` metrics; ``finite``: False once a loss was not finite."""
 
     loss: float = 0.0
     weighted: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
+    minima: dict[str, float] = field(default_factory=dict)
     finite: bool = True
 
     def add(self, loss: float, metrics: dict[str, float], tokens: float) -> None:
@@ -47,6 +48,8 @@ class GradientSums:
         for key, value in metrics.items():
             if key.endswith("_max"):
                 self.maxima[key] = max(self.maxima.get(key, value), value)
+            elif key.endswith("_min"):
+                self.minima[key] = min(self.minima.get(key, value), value)
             else:
                 self.weighted[key] = self.weighted.get(key, 0.0) + value * tokens
 
@@ -58,6 +61,8 @@ class GradientSums:
             self.weighted[key] = self.weighted.get(key, 0.0) + value
         for key, value in other.maxima.items():
             self.maxima[key] = max(self.maxima.get(key, value), value)
+        for key, value in other.minima.items():
+            self.minima[key] = min(self.minima.get(key, value), value)
 
 
 @dataclass(frozen=True)

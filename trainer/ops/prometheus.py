@@ -41,6 +41,12 @@ class StepExporter:
             "rftkit_train_clip_fraction", "Share of tokens whose clipped branch was taken, last update."
         )
         self.loss = gauge("rftkit_train_loss", "Loss of the last update.")
+        self.fidelity = gauge(
+            "rftkit_train_fidelity",
+            "The last step's sampler/learner agreement, by figure (the step record's 'fidelity', "
+            "docs/fidelity.md): logprob differences, importance ratios, prefix breaks, unparsed tool calls.",
+            ("figure",),
+        )
         self.step_seconds = gauge(
             "rftkit_train_step_seconds", "Seconds of the last step, by phase.", ("phase",)
         )
@@ -76,6 +82,8 @@ class StepExporter:
             (self.loss, "loss"),
         ):
             _set(gauge, update.get(key))
+        for figure, value in record.get("fidelity", {}).items():
+            _set(self.fidelity.labels(figure), value)
         for stat, value in record.get("staleness", {}).items():
             _set(self.staleness.labels(stat), value)
         for phase in PHASES:

@@ -82,15 +82,16 @@ def _number(value: Any, spec: str) -> str:
 def step_table(records: list[dict[str, Any]]) -> str:
     """One row per step: reward, success, rollouts, failures, update statistics, tokens, cost, time."""
     header = (
-        "| step | reward | success | rollouts ok/all | failed | KL | clip | sampled tok | trained tok "
-        "| cost $ | step s |"
+        "| step | reward | success | rollouts ok/all | failed | KL | clip | Δlogp mean/max "
+        "| prefix breaks | sampled tok | trained tok | cost $ | step s |"
     )
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for record in records:
-        rollouts, update, tokens = (
+        rollouts, update, tokens, fidelity = (
             record.get("rollouts", {}),
             record.get("update", {}),
             record.get("tokens", {}),
+            record.get("fidelity", {}),
         )
         cells = [
             str(record["step"]),
@@ -100,6 +101,9 @@ def step_table(records: list[dict[str, Any]]) -> str:
             str(rollouts.get("failed", "-")),
             _number(update.get("kl"), ".4f"),
             _number(update.get("clip_fraction"), ".3f"),
+            f"{_number(fidelity.get('logprob_abs_diff_mean'), '.2e')}/"
+            f"{_number(fidelity.get('logprob_abs_diff_max'), '.2e')}",
+            str(fidelity.get("prefix_breaks", "-")),
             _number(tokens.get("sample"), ","),
             _number(tokens.get("train"), ","),
             _number(record.get("cost_usd_total"), ".4f"),

@@ -1,0 +1,53 @@
+"""The fidelity section: limits on how far training may drift from what sampling did."""
+
+from __future__ import annotations
+
+from pydantic import (
+    Field,
+)
+
+from trainer.config.common import _Section
+
+
+class FidelityConfig(_Section):
+    """Limits on each step's training/sampling agreement (docs/fidelity.md): past one, the run stops."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Stop the run when a step's fidelity figures pass a limit below. false: the figures "
+        "are still measured and logged, never enforced.",
+    )
+    check_from_step: int = Field(
+        default=1, gt=0, description="The first training step whose figures are checked against the limits."
+    )
+    max_mean_abs_logprob_diff: float | None = Field(
+        default=0.1,
+        gt=0,
+        description="Most mean |sampler logprob - learner logprob| over a step's trained tokens (nats; "
+        "the learner's before its first optimizer pass). fp32 runs measure about 2e-7 (hf and vLLM, "
+        "docs/fidelity.md); bf16 engines sit higher; a learner scoring with other weights than the "
+        "engine's is far above (0.27 between two random tiny models). Unset: not enforced.",
+    )
+    max_worst_sequence_abs_logprob_diff: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most mean |sampler - learner| logprob of the step's worst training sequence (one "
+        "broken sequence hides in the step's mean). Unset: reported, not enforced.",
+    )
+    max_prefix_break_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Most share of a step's continuation calls (each rollout's calls after its first) "
+        "whose prompt does not extend the previous call's prompt + completion token for token, so they "
+        "start a new training sequence. An untrained model's odd samples often re-tokenise differently "
+        "when rendered back; unset: reported, not enforced.",
+    )
+    max_unparsed_tool_call_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Most share of a step's calls whose completion looks like a tool call (a tool-call "
+        "marker such as <tool_call> left in its content) but did not parse into one. A policy still "
+        "learning the format writes such calls; unset: reported, not enforced.",
+    )

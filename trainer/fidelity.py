@@ -1,0 +1,96 @@
+"""Each step's training/sampling fidelity: how far the learner's view of the sampled tokens is from
+the sampler's, and whether the step's calls merged and parsed as they should; past a ``fidelity``
+limit the run stops with the likely cause (docs/fidelity.md).
+
+The token figures are the learner's first optimizer pass (:mod:`trainer.algo.fidelity`, over the
+step's trained tokens); the call figures come from the step's recorded traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.algo.fidelity import FIDELITY_PREFIX
+from trainer.algo.sequences import prefix_breaks
+from trainer.config import FidelityConfig
+from trainer.errors import TrainingError
+from trainer.rollouts.producer import PlayedRollout
+
+# The learner's fidelity metrics (without their prefix) under the names a step record gives them.
+_TOKEN_FIGURES = {
+    "abs_diff_mean": "logprob_abs_diff_mean",
+    "abs_diff_max": "logprob_abs_diff_max",
+    "sequence_abs_diff_max": "worst_sequence_abs_diff",
+    "ratio_mean": "ratio_mean",
+    "ratio_min": "ratio_min",
+    "ratio_max": "ratio_max",
+    "outside_clip_fraction": "outside_clip_fraction",
+}
+
+_LOGPROB_CAUSE = (
+    "the learner does not score the sampled tokens as the engine that sampled them did: most likely it "
+    "loads another model, revision or tokenizer than the engine serves, a chat template that differs "
+    "between engine and learner, or another dtype/precision (a bf16 or quantised engine against an "
+    "fp32 learner)"
+)
+_PREFIX_CAUSE = (
+    "most likely the chat template renders earlier turns differently when they come back (a template "
+    "that differs from the one the conversation was sampled with, reasoning dropped, tool calls "
+    "reformatted) or the agent edits or re-tokenises its history"
+)
+_TOOL_CALL_CAUSE = (
+    "most likely the engine's tool-call parser does not match the model's tool-call format (vllm "
+    "tool_call_parser, or a chat template whose tool section differs from what the model writes)"
+)
+
+
+def split_update_metrics(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The update's metrics without the learner's fidelity figures, and those figures renamed."""
+    update = {key: value for key, value in metrics.items() if not key.startswith(FIDELITY_PREFIX)}
+    figures = {
+        name: metrics[FIDELITY_PREFIX + key]
+        for key, name in _TOKEN_FIGURES.items()
+        if FIDELITY_PREFIX + key in metrics
+    }
+    return update, figures
+
+
+def step_fidelity(token_figures: dict[str, float], played: Sequence[PlayedRollout]) -> dict[str, Any]:
+    """A step record's ``fidelity``: the learner's token figures (absent when nothing was trained),
+    prefix breaks over continuation calls and completions that looked like an unparsed tool call."""
+    traces = [rollout.trace for rollout in played]
+    calls = sum(len(trace.calls) for trace in traces)
+    continuations = sum(max(len(trace.calls) - 1, 0) for trace in traces)
+    breaks = sum(prefix_breaks(trace) for trace in traces)
+    unparsed = sum(call.unparsed_tool_call for trace in traces for call in trace.calls)
+    return {
+        **token_figures,
+        "prefix_breaks": breaks,
+        "prefix_break_fraction": breaks / continuations if continuations else 0.0,
+        "unparsed_tool_calls": unparsed,
+        "unparsed_tool_call_fraction": unparsed / calls if calls else 0.0,
+        "calls": calls,
+    }
+
+
+def check_fidelity(config: FidelityConfig, step: int, fidelity: dict[str, Any]) -> None:
+    """Raise :class:`TrainingError` when the step's figures pass a limit of ``config``."""
+    if not config.enabled or step < config.check_from_step:
+        return
+    checks = (
+        ("logprob_abs_diff_mean", "max_mean_abs_logprob_diff", _LOGPROB_CAUSE),
+        ("worst_sequence_abs_diff", "max_worst_sequence_abs_logprob_diff", _LOGPROB_CAUSE),
+        ("prefix_break_fraction", "max_prefix_break_fraction", _PREFIX_CAUSE),
+        ("unparsed_tool_call_fraction", "max_unparsed_tool_call_fraction", _TOOL_CALL_CAUSE),
+    )
+    for figure, setting, cause in checks:
+        limit = getattr(config, setting)
+        value = fidelity.get(figure)
+        if limit is not None and value is not None and value > limit:
+            raise TrainingError(
+                f"step {step}: training does not see what sampling did: fidelity {figure} is "
+                f"{value:.4g}, above fidelity.{setting} ({limit:g}); {cause}. The step's figures are in "
+                "metrics.jsonl under 'fidelity' (docs/fidelity.md); fidelity.enabled: false only "
+                "measures them."
+            )
