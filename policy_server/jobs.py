@@ -158,19 +158,25 @@ class JobRegistry:
         self, job_arn: str | None, rollout_id: str | None, status: int = 400, message: str = ""
     ) -> None:
         """Count a refused call against its job and rollout, where those exist (it opens neither);
-        the rollout keeps its first refusal's text, the trainer's reason when it fails the rollout."""
+        the rollout keeps its first refusal's text, the trainer's reason when it fails the rollout.
+
+        A refusal for credentials (401/403) counts only in the rollout's ``auth_refused_calls``: it
+        came from whoever named the rollout, so it moves no count of the job's.
+        """
         with self._lock:
             job = self._jobs.get(job_arn) if job_arn else None
             if job is None:
                 return
-            job.counters.rejected_calls += 1
             rollout = job.rollouts.get(rollout_id) if rollout_id else None
-            if rollout is not None:
-                rollout.trace.rejected_calls += 1
-                if status in (401, 403):
+            if status in (401, 403):
+                if rollout is not None:
                     rollout.trace.auth_refused_calls += 1
-                if rollout.trace.first_refusal is None:
-                    rollout.trace.first_refusal = f"HTTP {status}: {message}"[:REFUSAL_TEXT_CHARS]
+            else:
+                job.counters.rejected_calls += 1
+                if rollout is not None:
+                    rollout.trace.rejected_calls += 1
+            if rollout is not None and rollout.trace.first_refusal is None:
+                rollout.trace.first_refusal = f"HTTP {status}: {message}"[:REFUSAL_TEXT_CHARS]
 
     def complete_rollout(self, job_arn: str, rollout_id: str, status: RolloutStatus) -> None:
         """The agent's report on a rollout its calls (or the trainer) opened; it opens none itself."""

@@ -86,7 +86,9 @@ class RolloutTrace(BaseModel):
         default=None, description="From POST /complete-rollout; None if the agent never reported."
     )
     rewards: list[float] | None = Field(default=None, description="From POST /update-reward, if any.")
-    rejected_calls: int = Field(default=0, description="Calls answered with a 4xx (over caps, bad input).")
+    rejected_calls: int = Field(
+        default=0, description="Calls answered with a 4xx past authentication (over caps, bad input)."
+    )
     auth_refused_calls: int = Field(
         default=0, description="Calls the gateway refused for their credentials (401/403)."
     )

@@ -29,8 +29,8 @@ def check_model_calls(outcome: RolloutOutcome, trace: RolloutTrace) -> RolloutOu
     """
     if outcome.cause in _KEPT_CAUSES:
         return outcome
-    if trace.rejected_calls and not trace.calls:
-        refused = trace.rejected_calls
+    refused = trace.rejected_calls + trace.auth_refused_calls
+    if refused and not trace.calls:
         error = f"the gateway refused all {refused} of its model calls, first: {trace.first_refusal}"
         return _failed(outcome, FailureCause.MODEL_CALLS_REFUSED, error)
     if not trace.calls and outcome.ok:
