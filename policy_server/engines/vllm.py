@@ -88,6 +88,7 @@ class VLLMEngine(VLLMLauncher):
         tensor_parallel_size: int | None = None,
         gpu_memory_utilization: float | None = None,
         enable_sleep_mode: bool = False,
+        cpu_build: bool = False,
         cuda_visible_devices: str | None = None,
         extra_args: Sequence[str] = (),
         api_key: str | None = None,
@@ -100,7 +101,8 @@ class VLLMEngine(VLLMLauncher):
         """``image_limits``: the gateway's (``max_images_per_call`` becomes vLLM's per-prompt image
         limit); used only when ``model_dir`` holds a vision-language model. ``adapter_tag``: the part
         of this engine's adapter names that sets them apart from other engines' on the same server
-        (unset: a fresh random one; gateway workers pass their engine's, :meth:`attach_settings`)."""
+        (unset: a fresh random one; gateway workers pass their engine's, :meth:`attach_settings`).
+        ``cpu_build``: the server started here is vLLM's CPU build (no CUDA on this machine)."""
         self.model_dir = str(model_dir)
         self.model_name = served_name
         self.adapter_tag = adapter_tag or uuid.uuid4().hex[:8]
@@ -119,6 +121,7 @@ class VLLMEngine(VLLMLauncher):
         self._tensor_parallel_size = tensor_parallel_size
         self._gpu_memory_utilization = gpu_memory_utilization
         self._enable_sleep_mode = enable_sleep_mode
+        self._cpu_build = cpu_build
         self._cuda_visible_devices = cuda_visible_devices
         self._extra_args = list(extra_args)
         self._api_key = api_key

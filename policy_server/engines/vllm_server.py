@@ -22,8 +22,10 @@ import httpx
 from policy_server.http.images import ImageLimits
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
-# sitecustomize.py for vLLM environments without torchvision (see that file).
+# sitecustomize.py for vLLM environments without torchvision and for vLLM's CPU build (see that file).
 VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
+# Tells vllm_site/sitecustomize.py to install rftkit_lora_ops (vLLM's CPU build).
+CPU_LORA_OPS_ENV = "RFTKIT_CPU_LORA_OPS"
 
 
 class VLLMEngineError(RuntimeError):
@@ -54,6 +56,7 @@ class VLLMLauncher:
     _tensor_parallel_size: int | None
     _gpu_memory_utilization: float | None
     _enable_sleep_mode: bool
+    _cpu_build: bool
     _cuda_visible_devices: str | None
     _extra_args: list[str]
     _api_key: str | None
@@ -104,6 +107,10 @@ class VLLMLauncher:
             cmd += ["--gpu-memory-utilization", str(self._gpu_memory_utilization)]
         if self._enable_sleep_mode:
             cmd += ["--enable-sleep-mode"]
+        if self._cpu_build:
+            # vLLM 0.32's CPU build crashes its engine when it chunks the prefill of a seeded request
+            # (it rewinds the request's generator, and CPU generators have no offset): never chunk.
+            cmd += ["--no-enable-chunked-prefill"]
         if self._api_key:
             cmd += ["--api-key", self._api_key]
         if self.supports_images:
@@ -118,7 +125,9 @@ class VLLMLauncher:
             env["CUDA_VISIBLE_DEVICES"] = self._cuda_visible_devices
         if self._enable_sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development endpoints
-        if self.supports_images:
+        if self._cpu_build:
+            env[CPU_LORA_OPS_ENV] = "1"
+        if self.supports_images or self._cpu_build:
             env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [str(VLLM_SITE_DIR), os.environ.get("PYTHONPATH")])
             )

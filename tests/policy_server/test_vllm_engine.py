@@ -51,7 +51,9 @@ def _gateway_over_vllm(engine: VLLMEngine) -> Iterator[tuple[PolicyServer, Serve
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    engine = VLLMEngine(tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32")
+    engine = VLLMEngine(
+        tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32", cpu_build=True
+    )
     with _gateway_over_vllm(engine) as (server, thread):
         server.open_job(JOB, max_tokens=64)
         yield server, thread
@@ -267,6 +269,32 @@ def test_streaming_reemits_the_same_tokens(vllm_server: tuple[PolicyServer, Serv
             texts.append(client.chat.completions.create(**kwargs).choices[0].message.content)
         server.take_trace(JOB, rollout_id)
     assert texts[0] == texts[1]
+
+
+def test_many_seeded_calls_at_once_all_answer(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
+    """vLLM 0.32's CPU build crashes its engine when it chunks the prefill of a seeded call, as it
+    does when the waiting prompts outgrow one step's token budget; an engine started with
+    ``cpu_build`` never chunks: 48 seeded calls of a few hundred prompt tokens each, no two alike
+    from their first token (so vLLM's prefix cache cannot serve them), sent at once, all answer."""
+    server, thread = vllm_server
+
+    def call(seed: int) -> str | None:
+        rollout_id = uuid.uuid4().hex
+        server.open_rollout(JOB, rollout_id)
+        prompt = " ".join(str(seed * 7919 + i * 104_729) for i in range(60))
+        messages = [{"role": "user", "content": prompt}]
+        reply = client_for(thread, rollout_id).chat.completions.create(
+            model="default",
+            messages=messages,
+            max_tokens=4,
+            seed=seed,  # type: ignore[arg-type]
+        )
+        server.take_trace(JOB, rollout_id)
+        return reply.choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        reasons = list(pool.map(call, range(48)))
+    assert len(reasons) == 48
 
 
 def _vllm_metric(engine: VLLMEngine, name: str) -> float:

@@ -179,7 +179,10 @@ def test_overrides_parse_yaml_scalars_into_nested_fields(tmp_path: Path) -> None
         ),
         (["lora.rank=4"], "lora.rank: Extra inputs are not permitted"),
         (["epsilon_high=0.1"], "epsilon_high (0.1) must be at least epsilon (0.2)"),
-        (["engine=vllm", "lora.r=128"], "vllm.max_lora_rank (64) must be at least lora.r (128)"),
+        (
+            ["engine=vllm", "vllm.max_lora_rank=64", "lora.r=128"],
+            "vllm.max_lora_rank (64) must be at least lora.r (128)",
+        ),
         (["max_steps=abc"], "max_steps: Input should be a valid integer"),
         (["policy_server.gateway_workers=2"], "policy_server.gateway_workers > 1 needs engine: vllm"),
         (["policy_server.gateway_workers=0"], "policy_server.gateway_workers: Input should be greater"),

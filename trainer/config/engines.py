@@ -13,6 +13,9 @@ from pydantic import (
 from handlers import http_url
 from trainer.config.common import ConfigPath, DeviceName, TorchDtype, _Section
 
+# The ranks vLLM's --max-lora-rank accepts.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 
 class HFEngineConfig(_Section):
     """Settings of the in-process hf engine (transformers + peft)."""
@@ -56,8 +59,8 @@ class VLLMConfig(_Section):
     )
     dtype: str = Field(
         default="auto",
-        description="vLLM's --dtype: 'auto' (the model's own), 'float32' (exact logprobs on CPU), "
-        "'bfloat16', 'float16'.",
+        description="vLLM's --dtype: 'auto' (the model's own on CUDA; float32 without CUDA, as the "
+        "learner there, where vLLM would choose bfloat16), 'float32', 'bfloat16', 'float16'.",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -97,8 +100,13 @@ class VLLMConfig(_Section):
         "cache. 2 (drop the weights too) is refused: vLLM wakes from it with the weights gone, and "
         "rftkit does not reload them.",
     )
-    max_lora_rank: int = Field(
-        default=64, gt=0, description="vLLM's --max-lora-rank; must be at least lora.r."
+    max_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --max-lora-rank, at least the adapter's rank. Unset: the smallest rank "
+        "vLLM accepts (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds the adapter's (init_adapter's, "
+        "else lora.r). vLLM pads every adapter to this rank, and its CPU build copies each token's "
+        "padded LoRA matrices, so a larger rank costs sampling time for nothing.",
     )
     max_loras: int = Field(
         default=2, gt=0, description="vLLM's --max-loras: adapter versions resident at once (old + new)."
@@ -137,3 +145,20 @@ class VLLMConfig(_Section):
         ):
             raise ValueError(f"devices must be distinct GPU indices >= 0, got {self.devices}")
         return self
+
+    def lora_rank_for(self, adapter_rank: int) -> int:
+        """--max-lora-rank for an adapter of ``adapter_rank``: the setting, else the smallest rank
+        vLLM accepts that holds it."""
+        if self.max_lora_rank is not None:
+            return self.max_lora_rank
+        fitting = [rank for rank in VLLM_LORA_RANKS if rank >= adapter_rank]
+        if not fitting:
+            raise ValueError(
+                f"vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; the adapter's is {adapter_rank}"
+            )
+        return fitting[0]
+
+    def dtype_for(self, cuda: bool) -> str:
+        """--dtype: the setting; 'auto' without CUDA is float32, as the learner computes there
+        (vLLM's CPU build would pick bfloat16 even for a float32 model)."""
+        return "float32" if self.dtype == "auto" and not cuda else self.dtype

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 from pydantic import (
@@ -38,3 +40,11 @@ class LoraConfig(_Section):
         if isinstance(value, list) and not value:
             raise ValueError("list at least one module name, or use 'all-linear'")
         return value
+
+    def rank_with(self, init_adapter: str | Path | None) -> int:
+        """The rank of the adapter training starts from: ``init_adapter``'s, else ``r``."""
+        if init_adapter is not None:
+            adapter_config = Path(init_adapter) / "adapter_config.json"
+            if adapter_config.is_file():
+                return int(json.loads(adapter_config.read_text())["r"])
+        return self.r

@@ -354,7 +354,7 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _vllm_consistent(self) -> TrainConfig:
         vllm = self.vllm
-        if self.engine == "vllm" and vllm.max_lora_rank < self.lora.r:
+        if self.engine == "vllm" and vllm.max_lora_rank is not None and vllm.max_lora_rank < self.lora.r:
             raise ValueError(
                 f"vllm.max_lora_rank ({vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"
             )
@@ -387,6 +387,10 @@ class TrainConfig(_Section):
                 f"at least {self.max_off_policy_steps + 2} (it is {vllm.max_loras})"
             )
         return self
+
+    def adapter_rank(self) -> int:
+        """The trained adapter's rank: init_adapter's (its shape wins over ``lora``), else lora.r."""
+        return self.lora.rank_with(self.init_adapter)
 
     @property
     def mlflow_uri(self) -> str:

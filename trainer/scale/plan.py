@@ -193,7 +193,7 @@ def vllm_needs(config: TrainConfig, shape: ModelShape) -> tuple[int, int]:
     width, parallel = DTYPE_BYTES[dtype], config.vllm.tensor_parallel_size
     context = config.vllm.max_model_len or shape.max_positions or 4096
     loras = config.vllm.max_loras * shape.lora_parameters(
-        config.vllm.max_lora_rank, config.lora.target_modules
+        config.vllm.lora_rank_for(config.adapter_rank()), config.lora.target_modules
     )
     need = (shape.parameters() + loras) * width + shape.kv_bytes_per_token(width) * context
     return need // parallel + CUDA_OVERHEAD_BYTES, context

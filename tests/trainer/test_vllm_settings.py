@@ -1,0 +1,63 @@
+"""What the trainer starts vLLM with: the LoRA rank it pads adapters to and the dtype on a CPU.
+
+vLLM pads every adapter to --max-lora-rank, and its CPU build copies each token's padded LoRA
+matrices, so the rank is the adapter's own (rounded up to one vLLM accepts) unless set. Without CUDA
+the learner computes in float32, so vLLM does too unless told otherwise (its CPU build would choose
+bfloat16 even for a float32 model, and the learner's logprobs would then disagree with the sampler's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainConfig
+from trainer.engine import local_engine
+from trainer.scale.placement import Node, place
+
+
+def _config(**fields: object) -> TrainConfig:
+    return TrainConfig.model_validate({"agents": ["http://127.0.0.1:9"], "engine": "vllm", **fields})
+
+
+@pytest.mark.parametrize(("rank", "served"), [(1, 1), (4, 8), (8, 8), (12, 16), (16, 16), (33, 64)])
+def test_the_lora_rank_is_the_smallest_vllm_accepts_that_holds_the_adapter(rank: int, served: int) -> None:
+    config = _config(lora={"r": rank})
+    assert config.vllm.lora_rank_for(config.adapter_rank()) == served
+
+
+def test_a_set_max_lora_rank_wins() -> None:
+    config = _config(lora={"r": 8}, vllm={"max_lora_rank": 64})
+    assert config.vllm.lora_rank_for(config.adapter_rank()) == 64
+
+
+def test_the_init_adapters_rank_wins_over_lora_r(tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    config = _config(lora={"r": 32}, init_adapter=str(tmp_path))
+    assert config.adapter_rank() == 8
+    assert config.vllm.lora_rank_for(config.adapter_rank()) == 8
+
+
+def test_a_rank_beyond_vllms_largest_is_refused_with_the_limit() -> None:
+    config = _config(lora={"r": 600})
+    with pytest.raises(ValueError, match="vLLM serves LoRA ranks up to 512; the adapter's is 600"):
+        config.vllm.lora_rank_for(config.adapter_rank())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cuda", "passed"),
+    [("auto", False, "float32"), ("auto", True, "auto"), ("bfloat16", False, "bfloat16")],
+)
+def test_auto_dtype_is_float32_without_cuda(dtype: str, cuda: bool, passed: str) -> None:
+    assert _config(vllm={"dtype": dtype}).vllm.dtype_for(cuda) == passed
+
+
+def test_the_started_server_gets_the_resolved_rank_and_dtype(tmp_path: Path) -> None:
+    config = _config(lora={"r": 16}, vllm={"python": sys.executable})
+    engine = local_engine(config, tmp_path, place(config, Node([], present=True)))
+    command = engine.command(8000)  # type: ignore[attr-defined]
+    assert command[command.index("--max-lora-rank") + 1] == "16"
+    assert command[command.index("--dtype") + 1] == "float32"
