@@ -102,7 +102,7 @@ class VLLMEngine(VLLMLauncher):
         limit); used only when ``model_dir`` holds a vision-language model. ``adapter_tag``: the part
         of this engine's adapter names that sets them apart from other engines' on the same server
         (unset: a fresh random one; gateway workers pass their engine's, :meth:`attach_settings`).
-        ``cpu_build``: the server started here is vLLM's CPU build (no CUDA on this machine)."""
+        ``cpu_build``: the server started here is vLLM's CPU build (vLLM placed on no GPU)."""
         self.model_dir = str(model_dir)
         self.model_name = served_name
         self.adapter_tag = adapter_tag or uuid.uuid4().hex[:8]
