@@ -1,7 +1,7 @@
 """Train tokens with and without merging calls, on maze-shaped episodes whose observations are images.
 
 Each episode is a visual-maze agent's calls: a system prompt and one ``move`` tool, the first
-observation (a 64x64 PNG of the grid) in the user message and every later one in the ``move`` tool's
+observation (a PNG of the grid) in the user message and every later one in the ``move`` tool's
 result. Prompts are rendered as the hf engine renders them for the tiny VLM (chat template, then
 each ``<|image_pad|>`` expanded to the image's patch tokens by ``policy_server/models/vision_inputs.py``);
 the completion is the assistant turn the template renders (a canonical tool call ending in

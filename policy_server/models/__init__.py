@@ -17,6 +17,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TINY_HEAD_DIM": ("policy_server.models.tiny", "HEAD_DIM"),
     "TINY_VISION_CHAT_TEMPLATE": ("policy_server.models.tiny_vision", "CHAT_TEMPLATE"),
     "VisionInputs": ("policy_server.models.vision_inputs", "VisionInputs"),
+    "VisionTower": ("policy_server.models.tiny_vision", "VisionTower"),
+    "MRope": ("policy_server.models.tiny_vision", "MRope"),
     "build_smollm2": ("policy_server.models.smollm2", "build_smollm2"),
     "build_tiny_model": ("policy_server.models.tiny", "build_tiny_model"),
     "build_tiny_vision_model": ("policy_server.models.tiny_vision", "build_tiny_vision_model"),
@@ -51,18 +53,22 @@ if TYPE_CHECKING:
         CHAT_TEMPLATE as TINY_VISION_CHAT_TEMPLATE,
     )
     from policy_server.models.tiny_vision import (
+        MRope,
+        VisionTower,
         build_tiny_vision_model,
     )
     from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 
 __all__ = [
     "ChatTemplateError",
+    "MRope",
     "ModelBuildError",
     "SHIPPED",
     "TINY_CHAT_TEMPLATE",
     "TINY_HEAD_DIM",
     "TINY_VISION_CHAT_TEMPLATE",
     "VisionInputs",
+    "VisionTower",
     "build_smollm2",
     "build_tiny_model",
     "build_tiny_vision_model",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +74,34 @@ def _save_processor(out: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _config(tokenizer: Any, hidden_size: int, num_layers: int, max_positions: int) -> Any:
+@dataclass(frozen=True)
+class VisionTower:
+    """The tiny VLM's vision tower: blocks, width and attention heads (the width a multiple of the heads,
+    whose dimension a multiple of 4 for the 2D rotary embedding)."""
+
+    depth: int = 2
+    width: int = 64
+    heads: int = 2
+
+
+@dataclass(frozen=True)
+class MRope:
+    """The language model's M-RoPE: its base and how many rotary frequencies go to the time, height and
+    width of image positions (summing to head_dim / 2), taken in that order from the fastest. Text
+    tokens carry one position in all three, so only image tokens feel the split. The default is
+    Qwen2-VL's shape: height and width get the slowest frequencies, which over a few rows of patches
+    barely turn (docs/demo.md, the visual maze)."""
+
+    theta: float = 10000.0
+    sections: tuple[int, int, int] = (HEAD_DIM // 4, HEAD_DIM // 8, HEAD_DIM // 8)
+
+
+def _config(
+    tokenizer: Any, hidden_size: int, num_layers: int, max_positions: int, tower: VisionTower, rope: MRope
+) -> Any:
     from transformers import Qwen2VLConfig
 
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in (*VISION_TOKENS, IM_END, END_OF_TEXT)}
-    quarter = HEAD_DIM // 2 // 4  # M-RoPE sections (time, height, width) sum to head_dim / 2
     text_config = {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden_size,
@@ -88,8 +112,8 @@ def _config(tokenizer: Any, hidden_size: int, num_layers: int, max_positions: in
         "max_position_embeddings": max_positions,
         "rope_parameters": {
             "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [2 * quarter, quarter, quarter],
+            "rope_theta": rope.theta,
+            "mrope_section": list(rope.sections),
         },
         "eos_token_id": ids[IM_END],
         "pad_token_id": ids[END_OF_TEXT],
@@ -97,10 +121,10 @@ def _config(tokenizer: Any, hidden_size: int, num_layers: int, max_positions: in
         "tie_word_embeddings": False,
     }
     vision_config = {
-        "depth": 2,
-        "embed_dim": 64,
+        "depth": tower.depth,
+        "embed_dim": tower.width,
         "hidden_size": hidden_size,
-        "num_heads": 2,
+        "num_heads": tower.heads,
         "mlp_ratio": 2,
         "patch_size": PATCH_SIZE,
         "spatial_merge_size": MERGE_SIZE,
@@ -127,11 +151,14 @@ def build_tiny_vision_model(
     hidden_size: int = 128,
     num_layers: int = 2,
     max_position_embeddings: int = 2048,
+    tower: VisionTower | None = None,
+    rope: MRope | None = None,
 ) -> Path:
     """Build the tokenizer, processor and a randomly initialised Qwen2-VL into ``out_dir``; return it.
 
     ``corpus`` and ``vocab_size`` are the text tiny model's (``build_tiny_model``); ``hidden_size``
-    must be a multiple of 64 (vLLM's head_dim).
+    must be a multiple of 64 (vLLM's head_dim); ``tower`` sizes the vision tower (default: 2 blocks of
+    width 64, 2 heads); ``rope`` the language model's M-RoPE (default: Qwen2-VL's shape).
     """
     import torch
     from transformers import GenerationConfig, Qwen2VLForConditionalGeneration
@@ -148,7 +175,15 @@ def build_tiny_vision_model(
         extra_special_tokens=VISION_TOKENS,
     )
     _save_processor(out)
-    config = _config(tokenizer, hidden_size, num_layers, max_position_embeddings)
+    tower = tower or VisionTower()
+    if tower.width % tower.heads or (tower.width // tower.heads) % 4:
+        raise ValueError(
+            f"the vision tower's width ({tower.width}) must split into {tower.heads} heads of a multiple of 4"
+        )
+    rope = rope or MRope()
+    if sum(rope.sections) != HEAD_DIM // 2:
+        raise ValueError(f"M-RoPE sections {rope.sections} must sum to {HEAD_DIM // 2} (head_dim / 2)")
+    config = _config(tokenizer, hidden_size, num_layers, max_position_embeddings, tower, rope)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2VLForConditionalGeneration(config).to(torch.float32)

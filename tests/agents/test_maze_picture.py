@@ -25,9 +25,10 @@ def _pixels(png: bytes) -> Image.Image:
 def test_every_cell_shows_what_the_environment_holds(row: dict) -> None:
     maze = row_maze(row)
     image = _pixels(render_png(maze, maze.start))
-    # The demo's sizes all fit the 64-pixel canvas: one 8-pixel patch per cell, 8x8 patches.
-    assert image.size == (64, 64)
-    side = 64 // CELL_PX
+    # One 16-pixel square per cell (2x2 patches of 8 pixels, one merged image token); the demo's
+    # sizes (4 to 6 cells) fill the picture exactly.
+    assert image.size == (maze.size * CELL_PX, maze.size * CELL_PX)
+    side = maze.size
     for r in range(side):
         for c in range(side):
             expected = AGENT if (r, c) == maze.start else GOAL if (r, c) == maze.goal else None
@@ -57,7 +58,7 @@ def test_the_picture_follows_the_agent_and_repeats_byte_for_byte() -> None:
 def test_a_larger_grid_gets_a_larger_canvas_in_whole_patches() -> None:
     maze = generate(3, 9)
     image = _pixels(render_png(maze, maze.start))
-    assert image.size == (80, 80) and canvas_side(maze) == 80  # 72 pixels of grid, rounded up to 16
+    assert image.size == (144, 144) and canvas_side(maze) == 144  # 9 cells of 16 pixels
 
 
 def test_a_cell_size_below_one_pixel_is_refused() -> None:

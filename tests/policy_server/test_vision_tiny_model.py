@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoImageProcessor, AutoTokenizer
@@ -77,3 +78,23 @@ def test_cli_builds_a_model_that_runs_an_image_and_takes_lora(tmp_path: Path) ->
     lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     trainable = [name for name, param in lora.named_parameters() if param.requires_grad]
     assert trainable and all("language_model" in name for name in trainable)
+
+
+def test_the_tower_and_m_rope_are_sized_as_asked(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from policy_server.models import MRope, VisionTower, build_tiny_vision_model
+
+    corpus = ["a maze, a move, a picture"] * 20
+    out = build_tiny_vision_model(
+        tmp_path / "m", corpus=corpus, tower=VisionTower(3, 128, 4), rope=MRope(10.0, (2, 15, 15))
+    )
+    config = AutoConfig.from_pretrained(out)
+    vision, text = config.vision_config, config.text_config
+    assert (vision.depth, vision.embed_dim, vision.num_heads) == (3, 128, 4)
+    assert text.rope_parameters["rope_theta"] == 10.0
+    assert text.rope_parameters["mrope_section"] == [2, 15, 15]
+    with pytest.raises(ValueError, match="must sum to 32"):
+        build_tiny_vision_model(tmp_path / "bad", corpus=corpus, rope=MRope(10.0, (2, 2, 2)))
+    with pytest.raises(ValueError, match="heads of a multiple of 4"):
+        build_tiny_vision_model(tmp_path / "bad", corpus=corpus, tower=VisionTower(2, 64, 3))

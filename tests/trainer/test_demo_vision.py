@@ -1,6 +1,6 @@
 """``rft demo --vision --quick``: the visual maze end to end, smoke-sized. A tiny Qwen2-VL built
 offline warm-starts on picture demonstrations, the maze agent (on uvicorn, in its own process) shows
-it 64x64 PNGs of the map through the gateway, GRPO runs, and the run leaves the same outputs as the
+it PNGs of the map through the gateway, GRPO runs, and the run leaves the same outputs as the
 text demo plus a gallery of what the policy saw and did."""
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from agents.maze.baselines import DIRECTIONS, greedy_walker, success_probability
 from agents.maze.dataset import eval_rows, row_maze
 from agents.maze.demo.maze_exact import CallScorer, exact_success, reachable_requests
 from agents.maze.demonstrations import episode_demonstrations
+from policy_server.models import load_tokenizer
 from trainer.algo.grpo import token_logprobs
 from trainer.sft.common import encode_demonstration
 
@@ -74,7 +75,7 @@ def test_call_probabilities_are_the_teacher_forced_logprobs(
     for temperature in (1.0, 2.0):
         probabilities = scorer.probabilities(demos, temperature)
         for demo, probability in zip(demos, probabilities, strict=True):
-            encoded = encode_demonstration(scorer.tokenizer, demo)
+            encoded = encode_demonstration(load_tokenizer(tiny_model_dir), demo)
             ids = torch.tensor([encoded.input_ids])
             with torch.no_grad():
                 logprobs = token_logprobs(scorer.model(input_ids=ids).logits / temperature, ids)[0]
@@ -82,3 +83,17 @@ def test_call_probabilities_are_the_teacher_forced_logprobs(
             assert mine.sum() > 10  # the whole assistant turn, not only the direction
             assert math.isclose(math.log(probability), float(logprobs[mine].sum()), abs_tol=1e-3)
         assert 0.0 < sum(probabilities) <= 1.0
+
+
+def test_a_vision_model_is_scored_on_the_pictures_the_agent_sends(tiny_vision_dir: Path) -> None:
+    maze = row_maze(eval_rows()[0])
+    found = reachable_requests(maze, "image")
+    assert found.keys() == reachable_requests(maze).keys()
+    opening = found[(maze.start, maze.move_limit, None)][0]
+    parts = opening["messages"][-2]["content"]
+    assert [part["type"] for part in parts] == ["text", "image_url"]
+    scorer = CallScorer(tiny_vision_dir)
+    probabilities = scorer.probabilities(found[(maze.start, maze.move_limit, None)])
+    assert all(0.0 < probability < 1.0 for probability in probabilities)
+    score = exact_success([maze], scorer, observation="image")
+    assert 0.0 <= score.success <= 1.0 and score.states == len(found)

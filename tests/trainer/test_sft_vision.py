@@ -30,7 +30,7 @@ def test_placeholders_expand_per_patch_and_carry_no_loss(tiny_vision_dir: Path) 
     encoded = encode_vision_demonstration(tokenizer, vision, demonstration)
     text = encode_demonstration(tokenizer, demonstration)
     image_token = vision.image_token_id
-    # The 64x64 map is 8x8 patches of 8 pixels, merged 2x2: 16 image tokens in the prompt.
+    # The 4x4 map is 64x64 pixels, 8x8 patches of 8 pixels, merged 2x2: 16 image tokens, one a cell.
     assert encoded.image_grid_thw.tolist() == [[1, 8, 8]]
     assert encoded.input_ids.count(image_token) == 16 and text.input_ids.count(image_token) == 1
     assert not any(m for t, m in zip(encoded.input_ids, encoded.loss_mask, strict=True) if t == image_token)

@@ -10,6 +10,8 @@ from handlers import lazy_attributes
 
 _LAZY = {
     "run_sft": "trainer.sft.text",
+    "trainee_for": "trainer.sft.text",
+    "turn_logprobs": "trainer.sft.common",
     "SftResult": "trainer.sft.common",
     "StopAtLoss": "trainer.sft.common",
     "DemonstrationError": "trainer.sft.common",

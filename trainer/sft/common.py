@@ -138,13 +138,27 @@ def _labels(example: EncodedDemonstration) -> torch.Tensor:
     return torch.where(torch.tensor(example.loss_mask), ids, IGNORE)
 
 
-def assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the batch's assistant tokens."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    targets = batch["labels"][:, 1:]
+def text_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A text model's logits for a demonstration batch."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def assistant_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the assistant tokens (``labels`` other than IGNORE)."""
     return torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
     )
+
+
+def turn_logprobs(
+    logits: torch.Tensor, batch: dict[str, torch.Tensor], temperature: float = 1.0
+) -> torch.Tensor:
+    """Each row's log-probability of its assistant tokens, sampled at ``temperature`` (float64: a poor
+    policy's turn can be less likely than float32's smallest number)."""
+    logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    taken = logprobs.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    assistant = (batch["labels"][:, 1:] != IGNORE).double()
+    return (taken.double() * assistant).sum(-1)
 
 
 @dataclass
@@ -156,7 +170,11 @@ class Trainee:
     encoded: list[Any]
     load_model: Callable[[torch.dtype], Any]  # the base model, loaded in this dtype
     batch: Callable[[list[Any]], dict[str, torch.Tensor]]
-    loss: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
+    forward: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]  # the model's logits for a batch
+
+    def loss(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token cross-entropy over the batch's assistant tokens."""
+        return assistant_loss(self.forward(model, batch), batch["labels"])
 
 
 def pad_token_id(config: Any) -> int:

@@ -23,20 +23,21 @@ from trainer.sft.common import (
     SftResult,
     StopAtLoss,
     Trainee,
-    assistant_loss,
     demonstration_batch,
     encode_demonstration,
     held_out_loss,
     on_device,
     pad_token_id,
     sft_device_and_dtype,
+    text_logits,
 )
 from trainer.sft.vision import vision_trainee
 
 
-def _trainee(
+def trainee_for(
     model_dir: str | Path, demonstrations: Sequence[dict[str, Any]], chat_template: str | Path | None
 ) -> Trainee:
+    """``demonstrations`` encoded for ``model_dir``'s model, text or vision-language."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from policy_server.models import is_vision_model, load_tokenizer
@@ -53,7 +54,7 @@ def _trainee(
         encoded=encoded,
         load_model=lambda dtype: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype),
         batch=lambda examples: demonstration_batch(examples, pad_id),
-        loss=assistant_loss,
+        forward=text_logits,
     )
 
 
@@ -100,9 +101,11 @@ def run_sft(
         raise ValueError("steps and batch_size must be at least 1")
     started = time.monotonic()
     placed, torch_dtype = sft_device_and_dtype(device, dtype)
-    trainee = on_device(_trainee(model_dir, demonstrations, chat_template), placed)
+    trainee = on_device(trainee_for(model_dir, demonstrations, chat_template), placed)
     held_out = (
-        None if stop is None else on_device(_trainee(model_dir, stop.demonstrations, chat_template), placed)
+        None
+        if stop is None
+        else on_device(trainee_for(model_dir, stop.demonstrations, chat_template), placed)
     )
     encoded = trainee.encoded
     torch.manual_seed(seed)

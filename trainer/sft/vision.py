@@ -21,7 +21,6 @@ import torch
 from policy_server import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
 from policy_server.models import VisionInputs, load_model
 from trainer.sft.common import (
-    IGNORE,
     DemonstrationError,
     EncodedDemonstration,
     Trainee,
@@ -95,14 +94,9 @@ def vision_batch(
     return batch
 
 
-def vision_assistant_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the batch's assistant tokens, images as inputs."""
-    inputs = {name: value for name, value in batch.items() if name != "labels"}
-    logits = model(**inputs).logits
-    targets = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE
-    )
+def vision_logits(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A vision-language model's logits for a demonstration batch, images as inputs."""
+    return model(**{name: value for name, value in batch.items() if name != "labels"}).logits
 
 
 def vision_trainee(
@@ -119,5 +113,5 @@ def vision_trainee(
         encoded=encoded,
         load_model=lambda dtype: load_model(model_dir, dtype=dtype),
         batch=lambda examples: vision_batch(examples, pad_id, vision.image_token_id),
-        loss=vision_assistant_loss,
+        forward=vision_logits,
     )

@@ -37,6 +37,7 @@ from agents.maze.baselines import DIRECTIONS
 from agents.maze.dataset import eval_rows, row_maze
 from agents.maze.demonstrations import call_demonstration, context_after
 from agents.maze.env import Direction, Maze, MazeGame, StepResult
+from agents.maze.observation import Observation
 
 # (cell, moves left, last move and whether it moved): all a call's request depends on.
 StateKey = tuple[tuple[int, int], int, tuple[Direction, bool] | None]
@@ -56,7 +57,7 @@ def _fork(game: MazeGame) -> MazeGame:
     return twin
 
 
-def reachable_requests(maze: Maze) -> dict[StateKey, list[dict[str, Any]]]:
+def reachable_requests(maze: Maze, observation: Observation = "text") -> dict[StateKey, list[dict[str, Any]]]:
     """Every state in which the agent calls the model, with the four demonstrations (request plus one
     well-formed move, in ``DIRECTIONS`` order) the policy is scored on there."""
     found: dict[StateKey, list[dict[str, Any]]] = {}
@@ -66,7 +67,7 @@ def reachable_requests(maze: Maze) -> dict[StateKey, list[dict[str, Any]]]:
         key: StateKey = (game.position, game.moves_left, None if last is None else (last[0], last[1].moved))
         if game.done or key in found:
             continue
-        context = context_after(game, last)
+        context = context_after(game, last, observation)
         found[key] = [call_demonstration(maze, context, d, len(game.moves)) for d in DIRECTIONS]
         for direction in DIRECTIONS:
             child = _fork(game)
@@ -83,17 +84,16 @@ class Scorer(Protocol):
 
 
 class CallScorer:
-    """A causal LM (and LoRA adapter) that gives each demonstration's assistant turn its probability."""
+    """A model (text or vision-language) and LoRA adapter that give each demonstration's assistant
+    turn its probability, encoded as the warm start encodes demonstrations."""
 
     def __init__(
         self, model_dir: str | Path, adapter_dir: str | Path | None = None, chat_template: str | None = None
     ) -> None:
-        from transformers import AutoModelForCausalLM
+        from policy_server.models import load_model
 
-        from policy_server.models import load_tokenizer
-
-        self.tokenizer = load_tokenizer(model_dir, chat_template)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model_dir, self.chat_template = model_dir, chat_template
+        model = load_model(model_dir, dtype=torch.float32)
         if adapter_dir is not None:
             from peft import PeftModel
 
@@ -105,26 +105,23 @@ class CallScorer:
         self, demonstrations: Sequence[dict[str, Any]], temperature: float = 1.0, batch_size: int = 32
     ) -> list[float]:
         """P(the assistant turn | its request) for each demonstration, sampling at ``temperature``."""
-        from trainer.sft import IGNORE, demonstration_batch, encode_demonstration, pad_token_id
+        from trainer.sft import trainee_for, turn_logprobs
 
-        pad_id = pad_token_id(self.model.config)
-        encoded = [encode_demonstration(self.tokenizer, demo) for demo in demonstrations]
+        trainee = trainee_for(self.model_dir, demonstrations, self.chat_template)
         out: list[float] = []
-        for start in range(0, len(encoded), batch_size):
-            batch = demonstration_batch(encoded[start : start + batch_size], pad_id)
-            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-            taken = logprobs.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
-            assistant = (batch["labels"][:, 1:] != IGNORE).to(taken.dtype)
-            # float64: a poor policy's turn can be less likely than float32's smallest number.
-            out.extend(torch.exp((taken.double() * assistant.double()).sum(-1)).tolist())
+        for start in range(0, len(trainee.encoded), batch_size):
+            batch = trainee.batch(trainee.encoded[start : start + batch_size])
+            logits = trainee.forward(self.model, batch)
+            out.extend(torch.exp(turn_logprobs(logits, batch, temperature)).tolist())
         return out
 
 
-def exact_success(mazes: Sequence[Maze], scorer: Scorer, temperature: float = 1.0) -> ExactScore:
+def exact_success(
+    mazes: Sequence[Maze], scorer: Scorer, temperature: float = 1.0, observation: Observation = "text"
+) -> ExactScore:
     """Mean exact success over ``mazes`` of the policy ``scorer`` holds (see the module docstring)."""
     started = time.monotonic()
-    states = [reachable_requests(maze) for maze in mazes]
+    states = [reachable_requests(maze, observation) for maze in mazes]
     flat = [demo for found in states for demos in found.values() for demo in demos]
     probabilities = iter(scorer.probabilities(flat, temperature))
     moves = [{key: [next(probabilities) for _ in DIRECTIONS] for key in found} for found in states]
@@ -152,6 +149,15 @@ def _reach(maze: Maze, moves: dict[StateKey, list[float]]) -> float:
     return reach(maze.start, maze.move_limit, None)
 
 
+def model_observation(model_dir: str | Path) -> Observation:
+    """What a demo's model is shown: the picture for a vision-language model, else the text."""
+    from transformers import AutoConfig
+
+    from policy_server.models import is_vision_model
+
+    return "image" if is_vision_model(AutoConfig.from_pretrained(str(model_dir))) else "text"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m agents.maze.demo.maze_exact", description=__doc__.splitlines()[0]
@@ -163,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mazes", type=int, default=64, help="evaluation mazes (default: the demo's 64)")
     args = parser.parse_args(argv)
     mazes = [row_maze(row) for row in eval_rows()[: args.mazes]]
+    observation = model_observation(args.run_dir / "model")
     report = {}
     for name in ("sft-adapter", "adapter"):
         if (args.run_dir / name).is_dir():
-            score = exact_success(
-                mazes, CallScorer(args.run_dir / "model", args.run_dir / name), args.temperature
-            )
+            scorer = CallScorer(args.run_dir / "model", args.run_dir / name)
+            score = exact_success(mazes, scorer, args.temperature, observation)
             report[name] = score.__dict__
             print(
                 f"{name:12} success {score.success:.1%} (every call well formed), one of the four calls "

@@ -42,12 +42,17 @@ def maze_corpus(count: int, observation: str = "text") -> list[str]:
 def build_demo_model(plan: DemoPlan, out_dir: Path, seed: int) -> tuple[Path, list[str]]:
     """The tiny model the plan asks for, built offline (a VLM for image observations), and the
     modules its adapter covers."""
-    from policy_server.models import TINY_HEAD_DIM, build_tiny_model, build_tiny_vision_model
+    from policy_server.models import TINY_HEAD_DIM, MRope, build_tiny_model, build_tiny_vision_model
 
     corpus = maze_corpus(300, plan.observation)
     if plan.observation == "image":
         model_dir = build_tiny_vision_model(
-            out_dir, seed=seed, corpus=corpus, hidden_size=plan.hidden_size, num_layers=plan.num_layers
+            out_dir,
+            seed=seed,
+            corpus=corpus,
+            hidden_size=plan.hidden_size,
+            num_layers=plan.num_layers,
+            rope=MRope(plan.vision_rope_theta, plan.vision_mrope),
         )
         print(f"tiny Qwen2-VL (hidden {plan.hidden_size}, {plan.num_layers} layers) built in {model_dir}")
         return model_dir, [*TINY_TARGET_MODULES, *VISION_TOWER_MODULES]

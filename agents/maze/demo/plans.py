@@ -51,6 +51,12 @@ class DemoPlan:
     max_tokens_per_microbatch: int = 8192
     # What the maze agent shows the policy: "text" or "image" (then the model is a tiny VLM).
     observation: str = "text"
+    # The tiny VLM's M-RoPE (policy_server.models.MRope): base and the rotary frequencies of time,
+    # height and width. Qwen2-VL's shape (1e4; 16, 8, 8) gives the rows and columns of an image the
+    # slowest frequencies, which barely turn across a 6x6 map: the language model could not tell
+    # where a cell's token lies, and the warm start never learned to read the picture.
+    vision_rope_theta: float = 10000.0
+    vision_mrope: tuple[int, int, int] = (16, 8, 8)
 
 
 # `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
@@ -112,10 +118,19 @@ SMOLLM2_QUICK = DemoPlan(
     max_tokens_per_microbatch=2048,
 )
 # `--vision`: the same recipe on pictures of the map. The tiny VLM is random everywhere, its vision
-# tower too, so the warm start is what teaches it to read the picture at all.
-# The walker's labels, a fixed warm start and 30 GRPO steps, as the README's measurements were made.
+# tower too, so the warm start is what teaches it to read the picture at all: clean (shortest-path)
+# labels, a smaller learning rate than the text's (2e-3 learned and then lost the map), a fixed
+# number of steps, and an M-RoPE whose height and width turn fast enough to place a cell's token
+# (docs/demo.md, the visual maze, has the measurements behind these choices).
 VISION = dataclasses.replace(
-    FULL, observation="image", sft_labels="walker", sft_target_loss=None, grpo_steps=30
+    FULL,
+    observation="image",
+    sft_target_loss=None,
+    sft_steps=1000,
+    sft_learning_rate=1e-3,
+    grpo_steps=30,
+    vision_rope_theta=10.0,
+    vision_mrope=(2, 15, 15),
 )
 # The suite's run: every stage, smoke-sized.
 VISION_QUICK = DemoPlan(
@@ -123,7 +138,7 @@ VISION_QUICK = DemoPlan(
     sft_demos=40,
     sft_steps=40,
     sft_batch_size=8,
-    # Few steps, so a bigger learning rate than the full plan's (which keeps the text demo's).
+    # Few steps, so a bigger learning rate than the full plan's.
     sft_learning_rate=1e-2,
     grpo_steps=2,
     rows_per_step=2,
@@ -133,6 +148,8 @@ VISION_QUICK = DemoPlan(
     num_iterations=1,
     eval_generations=1,
     observation="image",
+    vision_rope_theta=VISION.vision_rope_theta,
+    vision_mrope=VISION.vision_mrope,
 )
 # `--model smollm2`: SmolLM2's own chat template has no tool section; the shipped ChatML one has.
 SMOLLM2_CHAT_TEMPLATE = "chatml-tools"
