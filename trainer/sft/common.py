@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import right_pad
 
 # A model built from scratch has a random output layer whose logits are too small to ever become
@@ -155,8 +156,7 @@ def turn_logprobs(
 ) -> torch.Tensor:
     """Each row's log-probability of its assistant tokens, sampled at ``temperature`` (float64: a poor
     policy's turn can be less likely than float32's smallest number)."""
-    logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    taken = logprobs.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    taken = token_logprobs(logits / temperature, batch["input_ids"])[:, 1:]
     assistant = (batch["labels"][:, 1:] != IGNORE).double()
     return (taken.double() * assistant).sum(-1)
 
