@@ -167,6 +167,41 @@ def test_lora_adapts_the_language_model_unless_told_to_adapt_vision(tiny_vision_
         lora_targets(model, LoraConfig(target_modules=["qkv"]))  # a vision-only name, tower frozen
 
 
+@pytest.mark.parametrize(
+    ("adapt_vision", "trained_vision"),
+    [("none", set()), ("projector", {"merger"}), ("all", {"merger", "blocks"})],
+)
+def test_a_warm_start_keeps_its_vision_layers_outside_adapt_vision_frozen(
+    tiny_vision_dir: Path, tmp_path: Path, adapt_vision: str, trained_vision: set[str]
+) -> None:
+    # `rft sft` on pictures adapts the tower too; RL then trains only what adapt_vision names (the
+    # visual maze's GRPO lost less of the warm start's map reading with the tower frozen).
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    from policy_server.models.vision_inputs import load_model
+    from trainer.learner.model import build_model
+
+    warm = get_peft_model(
+        load_model(tiny_vision_dir),
+        PeftLoraConfig(r=4, target_modules=["q_proj", "qkv", "fc1", "mlp.0"], task_type="CAUSAL_LM"),
+    )
+    warm.save_pretrained(tmp_path / "warm")
+    config = TrainConfig.model_validate(
+        {"init_adapter": str(tmp_path / "warm"), "lora": {"adapt_vision": adapt_vision}, "beta": 0.04}
+    )
+    model, reference = build_model(tiny_vision_dir, config, torch.device("cpu"), torch.float32)
+    trained = [name for name, param in model.named_parameters() if param.requires_grad]
+    assert reference == "reference" and all(".default." in name for name in trained)
+    assert any(".language_model." in name for name in trained)
+    vision = {part for name in trained for part in ("merger", "blocks") if f".visual.{part}." in name}
+    assert vision == trained_vision
+    # Frozen or not, the tower's LoRA weights are the warm start's.
+    params = dict(model.named_parameters())
+    warm_vision = {n: p for n, p in warm.named_parameters() if ".visual." in n and ".lora_A." in n}
+    assert warm_vision and all(torch.equal(params[n], p) for n, p in warm_vision.items())
+
+
 def test_a_sampled_image_placeholder_keeps_its_sequence_out_of_the_update() -> None:
     # Found in the full `rft demo --vision` run: the random-init policy sampled <|image_pad|> once, and
     # the model would place image features on it when training (and its M-RoPE positions shifted by one

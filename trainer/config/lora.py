@@ -31,7 +31,9 @@ class LoraConfig(_Section):
         default="none",
         description="Vision-language models: what LoRA adapts besides the language model. 'none': "
         "the vision tower and its projector stay frozen; 'projector': the projector (Qwen2-VL's "
-        "visual.merger) too; 'all': the whole vision tower too. Ignored for text-only models.",
+        "visual.merger) too; 'all': the whole vision tower too. A warm-start adapter (init_adapter) "
+        "that adapts vision layers outside this scope keeps them as loaded, frozen. Ignored for "
+        "text-only models.",
     )
 
     @field_validator("target_modules")

@@ -3,16 +3,19 @@ the warm start loaded a second time, frozen, when it is the KL reference."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from policy_server.models import is_vision_model, load_model
-from trainer.learner.vision import lora_targets
+from trainer.learner.vision import freeze_vision_outside_scope, lora_targets
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads first
 REFERENCE_ADAPTER = "reference"
@@ -57,6 +60,15 @@ def build_model(
         )
         model.set_adapter(TRAINED_ADAPTER)
         reference_adapter = REFERENCE_ADAPTER
+    if is_vision_model(base.config):
+        # After set_adapter, which marks the whole trained adapter trainable again.
+        frozen = freeze_vision_outside_scope(model, config.lora)
+        if frozen:
+            logger.info(
+                "init_adapter: %d LoRA tensors of the vision tower stay as loaded (lora.adapt_vision %r)",
+                frozen,
+                config.lora.adapt_vision,
+            )
     return model, reference_adapter
 
 

@@ -3,7 +3,9 @@ micro-batch whose sequences carry images.
 
 LoRA adapts the language model by default; the vision tower and its projector (Qwen2-VL's
 ``visual.merger``) stay frozen, as they were pretrained. ``lora.adapt_vision`` widens that to the
-projector (``projector``) or to the whole tower (``all``).
+projector (``projector``) or to the whole tower (``all``). A warm-start adapter (``init_adapter``)
+may adapt the tower too (``rft sft`` on pictures does): its vision layers outside that scope load
+as they are and stay frozen, so RL moves what the policy does with what it sees, not how it sees.
 
 A micro-batch's images are read back from the run's image store by hash (``TrainingSequence.images``)
 and go through the model's own image processor (:class:`policy_server.models.vision_inputs.VisionInputs`,
@@ -29,17 +31,15 @@ if TYPE_CHECKING:
 _LANGUAGE = "model.language_model."
 _PROJECTOR = "model.visual.merger."
 _TOWER = "model.visual."
+_VISION_SCOPES = {"none": (), "projector": (_PROJECTOR,), "all": (_TOWER,)}
+_PEFT_PREFIX = "base_model.model."  # what peft puts before a wrapped model's parameter names
 
 
 def lora_targets(model: Any, lora: LoraConfig) -> list[str]:
     """Full names of the linear layers LoRA adapts in a VLM: the language model's, plus the
     projector's or the whole vision tower's as ``lora.adapt_vision`` says; ``lora.target_modules``
     (a list of names) narrows each part to layers whose name ends with one of them."""
-    scopes = [_LANGUAGE]
-    if lora.adapt_vision == "projector":
-        scopes.append(_PROJECTOR)
-    elif lora.adapt_vision == "all":
-        scopes.append(_TOWER)
+    scopes = [_LANGUAGE, *_VISION_SCOPES[lora.adapt_vision]]
     wanted = None if lora.target_modules == "all-linear" else set(lora.target_modules)
     names = [
         name
@@ -54,6 +54,19 @@ def lora_targets(model: Any, lora: LoraConfig) -> list[str]:
             f"language model{' or vision layers' if lora.adapt_vision != 'none' else ''}"
         )
     return names
+
+
+def freeze_vision_outside_scope(model: Any, lora: LoraConfig) -> int:
+    """Freeze the trainable (LoRA) parameters of ``model``'s vision tower that ``lora.adapt_vision``
+    leaves out, as a warm-start adapter loads every layer it adapts trainable; returns how many."""
+    kept = _VISION_SCOPES[lora.adapt_vision]
+    frozen = 0
+    for name, param in model.named_parameters():
+        inner = name.removeprefix(_PEFT_PREFIX)
+        if param.requires_grad and inner.startswith(_TOWER) and not inner.startswith(kept):
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def batch_vision_inputs(

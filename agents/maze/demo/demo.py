@@ -9,8 +9,9 @@
    ``rft train`` against it: the policy server with the ``hf`` engine (or ``vllm``), evaluation on
    the 64 fixed mazes (two rollouts each, sampled as in training), GRPO, evaluation again;
    With ``--vision`` the model is a tiny Qwen2-VL (``rft model tiny-vision``), every row asks the
-   agent for ``"observation": "image"`` (a picture of the map instead of the text), and the
-   warm start and GRPO adapt the vision tower and its projector as well as the language model;
+   agent for ``"observation": "image"`` (a picture of the map instead of the text), the warm
+   start adapts the vision tower and its projector as well as the language model, and GRPO keeps
+   the tower's part of that adapter frozen (``lora.adapt_vision``);
 4. prints the before/after table and leaves in the run directory the metrics, the MLflow store, a
    plot of reward and success over steps (``progress.png``), the final adapter (``adapter/``), the
    training config (``train.yaml``) to rerun with ``rft train``, and a gallery of a few evaluation

@@ -120,8 +120,10 @@ SMOLLM2_QUICK = DemoPlan(
 # `--vision`: the same recipe on pictures of the map. The tiny VLM is random everywhere, its vision
 # tower too, so the warm start is what teaches it to read the picture at all: clean (shortest-path)
 # labels, a smaller learning rate than the text's (2e-3 learned and then lost the map), a fixed
-# number of steps, and an M-RoPE whose height and width turn fast enough to place a cell's token
-# (docs/demo.md, the visual maze, has the measurements behind these choices).
+# number of steps, and an M-RoPE whose height and width turn fast enough to place a cell's token.
+# GRPO then trains the language model's part of that adapter and keeps the tower's as the warm start
+# left it (lora.adapt_vision "none", the default): with the tower trained too, GRPO gained a third
+# as much (docs/demo.md, the visual maze, has the measurements behind these choices).
 VISION = dataclasses.replace(
     FULL,
     observation="image",
