@@ -93,7 +93,12 @@ def train_config(
             "chat_template": chat_template,
             "engine": engine,
             "init_adapter": str(init_adapter),
-            "lora": {"r": plan.lora_r, "lora_alpha": plan.lora_alpha, "target_modules": target_modules},
+            "lora": {
+                "r": plan.lora_r,
+                "lora_alpha": plan.lora_alpha,
+                "target_modules": target_modules,
+                "adapt_vision": plan.adapt_vision,
+            },
             "train_file": str(data_dir / TRAIN_FILE),
             "eval_file": str(data_dir / VALIDATION_FILE),
             "max_eval_rows": plan.eval_rows,

@@ -57,6 +57,9 @@ class DemoPlan:
     # where a cell's token lies, and the warm start never learned to read the picture.
     vision_rope_theta: float = 10000.0
     vision_mrope: tuple[int, int, int] = (16, 8, 8)
+    # What GRPO trains of the warm start's vision layers (lora.adapt_vision): "none" keeps the
+    # tower's and the projector's adapter as the warm start left them.
+    adapt_vision: str = "none"
 
 
 # `rft demo --ray`: a local cluster in the trainer's process, two inference replicas behind the one
