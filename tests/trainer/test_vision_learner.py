@@ -174,8 +174,8 @@ def test_lora_adapts_the_language_model_unless_told_to_adapt_vision(tiny_vision_
 def test_a_warm_start_keeps_its_vision_layers_outside_adapt_vision_frozen(
     tiny_vision_dir: Path, tmp_path: Path, adapt_vision: str, trained_vision: set[str]
 ) -> None:
-    # `rft sft` on pictures adapts the tower too; RL then trains only what adapt_vision names (the
-    # visual maze's GRPO lost less of the warm start's map reading with the tower frozen).
+    # `rft sft` on pictures adapts the tower too; RL then trains only the vision layers adapt_vision
+    # names, the rest keep the warm start's weights.
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
