@@ -125,9 +125,10 @@ SMOLLM2_QUICK = DemoPlan(
 # labels, a smaller learning rate than the text's (2e-3 learned and then lost the map), a fixed
 # number of steps, and an M-RoPE whose height and width turn fast enough to place a cell's token.
 # GRPO then trains the language model's part of that adapter and keeps the tower's as the warm start
-# left it (lora.adapt_vision "none", the default): higher after GRPO on seeds 0 and 2 than with the
-# tower trained too, while seed 1's call format broke (docs/demo.md, the visual maze, has the
-# measurements behind these choices, and the loss_type that holds the format).
+# left it (lora.adapt_vision "none", the default): higher after GRPO than with the tower trained
+# too. Its loss averages each episode's tokens first (loss_type "grpo"): failed episodes walk more
+# calls than solved ones, and the token mean let them push the shared call format down until it
+# broke on seed 1 (docs/demo.md, the visual maze, has the measurements behind these choices).
 VISION = dataclasses.replace(
     FULL,
     observation="image",
@@ -135,6 +136,7 @@ VISION = dataclasses.replace(
     sft_steps=1000,
     sft_learning_rate=1e-3,
     grpo_steps=30,
+    loss_type="grpo",
     vision_rope_theta=10.0,
     vision_mrope=(2, 15, 15),
 )
