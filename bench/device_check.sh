@@ -4,13 +4,14 @@
 # Offline (the default), for the GPU machine this project is lent (no network; Python 3.12 with
 # torch, transformers, peft): the wheels it lacks travel in .whl/ (bench/device_pack.sh makes them
 # here) and install into a target directory; models are built on the spot. Stages, each with a
-# deadline inside one budget (DEVICE_CHECK_BUDGET_S, 450 s) and a sentence when it fails (a failed
+# deadline inside one budget (DEVICE_CHECK_BUDGET_S, 470 s) and a sentence when it fails (a failed
 # stage does not stop the next):
 #   1. tests   the suite's tests marked gpu (pytest -m gpu)                         (deadline  90 s)
-#   2. demo    the maze demo's quick plan, hf engine and learner on the GPU          (deadline 180 s)
-#   3. memory  rft plan against measured peaks on Qwen2.5-0.5B/3B and Llama-3-8B shapes, update
+#   2. demo    the maze demo's quick plan (4 GRPO steps), hf engine and learner on the GPU (180 s)
+#   3. vision  the visual maze's quick plan: the tiny VLM's pictures on the GPU     (deadline 120 s)
+#   4. memory  rft plan against measured peaks on Qwen2.5-0.5B/3B and Llama-3-8B shapes, update
 #              tokens/s and MFU, hf sampling at 1/8/64 calls, bf16 sampler-vs-learner mismatch (150 s)
-#   4. gateway rft serve over the hf engine at 1/16/64 clients, when 60 s are left  (deadline  60 s)
+#   5. gateway rft serve over the hf engine at 1/16/64 clients, when 60 s are left  (deadline  80 s)
 # It writes device_check.json into $OUT (the device call's output folder) or, without $OUT,
 # bench/results/ (--out PATH chooses), and each stage's log beside it in device_check.log.
 #
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 
 PYTHON=${PYTHON:-python3}
-BUDGET_S=${DEVICE_CHECK_BUDGET_S:-450}
+BUDGET_S=${DEVICE_CHECK_BUDGET_S:-470}
 MODE=offline
 DEVICE=cuda
 TINY=""
@@ -151,9 +152,10 @@ stage() {
 
 stage tests 90
 stage demo 180
+stage vision 120
 stage memory 150
 if [ $((BUDGET_S - (SECONDS - started))) -ge 60 ]; then
-    stage gateway 60
+    stage gateway 80
 else
     echo "skipped: less than 60 s of the ${BUDGET_S} s budget was left" >"$WORK/gateway.status"
 fi

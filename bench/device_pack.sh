@@ -5,7 +5,8 @@
 # That machine already has Python 3.12 with torch, transformers, peft, accelerate, safetensors,
 # tokenizers, numpy, pillow, httpx, aiohttp, prometheus-client, pyyaml, tqdm, matplotlib, pytest
 # and more (MACHINE_HAS below, as its image was last read). It lacks the agent and serving side:
-# pydantic, starlette, uvicorn, openai, strands-agents, bedrock-agentcore, boto3, and what they need.
+# pydantic, starlette, uvicorn, openai, strands-agents, bedrock-agentcore, boto3, and what they need;
+# and its transformers and peft are other releases than constraints.txt's, so those travel too.
 # This script
 #   1. downloads exactly those (cp312 manylinux x86-64 or pure-Python wheels, no dependencies
 #      resolved by pip: PACK lists them all, at constraints.txt's versions) into .whl/, and deletes
@@ -30,22 +31,24 @@ LIMIT_MIB=${LIMIT_MIB:-48}
 
 # What the check imports that the machine lacks, and their own needs it lacks (names as in
 # constraints.txt). typing-extensions and idna are there, but pydantic and httpx2 need releases newer
-# than the machine may have (4.16, 3.18): carried, they are tiny.
-PACK="pydantic pydantic_core annotated-types typing-inspection starlette uvicorn httptools python-multipart
+# than the machine may have (4.16, 3.18): carried, they are tiny. transformers and peft are there too,
+# at other releases than constraints.txt pins: carried (pure Python, 14 MB), they make the check run
+# the numeric stack users install, torch aside.
+PACK="transformers peft pydantic pydantic_core annotated-types typing-inspection starlette uvicorn httptools python-multipart
 openai jiter sniffio httpx2 httpcore2 truststore strands-agents docstring_parser jsonschema
 jsonschema-specifications referencing rpds-py opentelemetry-api opentelemetry-sdk
 opentelemetry-semantic-conventions opentelemetry-instrumentation opentelemetry-instrumentation-threading
 watchdog bedrock-agentcore websockets boto3 botocore s3transfer jmespath
 typing_extensions idna"
 # The top-level requirements the check's code imports (the rest of PACK is what they need).
-TOP="pydantic starlette uvicorn httptools python-multipart openai strands-agents bedrock-agentcore boto3"
+TOP="transformers peft pydantic starlette uvicorn httptools python-multipart openai strands-agents bedrock-agentcore boto3"
 LEFT_OUT="mcp mlflow-skinny ray gguf vllm"
 # The GPU machine's image (/work/.library/device/KINDS.md), the names that matter here.
 MACHINE_HAS="accelerate aiohappyeyeballs aiohttp aiosignal anyio attrs certifi click filelock frozenlist
 fsspec h11 httpcore httpx huggingface-hub jinja2 markupsafe matplotlib multidict numpy packaging peft
 pillow prometheus-client propcache protobuf psutil python-dateutil pyyaml regex requests rich
-safetensors six sympy tokenizers torch tqdm transformers urllib3 wrapt yarl zipp pytest pytest-xdist
-hypothesis"
+safetensors six sympy tokenizers torch tqdm transformers typer urllib3 wrapt yarl zipp pytest
+pytest-xdist hypothesis"
 
 fail() {
     echo "device_pack: $*" >&2

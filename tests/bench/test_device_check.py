@@ -114,17 +114,19 @@ def test_the_offline_check_dry_run_on_the_cpu_writes_a_complete_report(tmp_path:
     report = json.loads(out.read_text())
     assert report["passed"] and report["device"] == "cpu" and report["torch"]
     stages = report["stages"]
-    assert list(stages) == ["tests", "demo", "memory", "gateway"]
+    assert list(stages) == ["tests", "demo", "vision", "memory", "gateway"]
     # No CUDA here: the tests marked gpu are deselected, and the report says so.
     assert stages["tests"]["status"] == "skipped" and "no CUDA device" in stages["tests"]["sentence"]
-    assert all(stages[name]["status"] == "ok" for name in ("demo", "memory", "gateway"))
-    demo = stages["demo"]["results"]
-    assert set(demo["success_rate"]) == {"before", "after"}
-    assert len(demo["step_time_s"]["rollouts"]) == 2 and set(demo["step_time_s"]["median"]) == {
-        "rollouts",
-        "update",
-        "adapter_load",
-    }
+    assert all(stages[name]["status"] == "ok" for name in ("demo", "vision", "memory", "gateway"))
+    for name, observation in (("demo", "text"), ("vision", "image")):
+        demo = stages[name]["results"]
+        assert demo["plan"] == f"tiny ({observation})"
+        assert set(demo["success_rate"]) == {"before", "after"}
+        assert len(demo["step_time_s"]["rollouts"]) == 2 and set(demo["step_time_s"]["median"]) == {
+            "rollouts",
+            "update",
+            "adapter_load",
+        }
     models = stages["memory"]["results"]["models"]
     assert list(models) == ["qwen2.5-0.5b", "qwen2.5-3b", "llama-3-8b"]
     for model in models.values():
@@ -134,6 +136,7 @@ def test_the_offline_check_dry_run_on_the_cpu_writes_a_complete_report(tmp_path:
             "LoRA inputs kept for backward" in update["plan"]["items_gb"] for update in model["updates"]
         )
         assert [level["calls"] for level in model["sampling"]] == [1, 8, 64]
+        assert all(level["engine_step_ms"] > 0 and level["model_step_ms"] > 0 for level in model["sampling"])
         mismatch = model["sampler_vs_learner"]
         assert (
             mismatch["same_weights"] and mismatch["tokens"] > 0 and mismatch["k3_kl_mean"] < 1e-6
