@@ -8,7 +8,7 @@
 # stage does not stop the next):
 #   1. tests   the suite's tests marked gpu (pytest -m gpu)                         (deadline  90 s)
 #   2. demo    the maze demo's quick plan (4 GRPO steps), hf engine and learner on the GPU (180 s)
-#   3. vision  the visual maze's quick plan: the tiny VLM's pictures on the GPU     (deadline 120 s)
+#   3. vision  the visual maze at smoke sizes: the tiny VLM's pictures on the GPU   (deadline 120 s)
 #   4. memory  rft plan against measured peaks on Qwen2.5-0.5B/3B and Llama-3-8B shapes, update
 #              tokens/s and MFU, hf sampling at 1/8/64 calls, bf16 sampler-vs-learner mismatch (150 s)
 #   5. gateway rft serve over the hf engine at 1/16/64 clients, when 60 s are left  (deadline  80 s)

@@ -10,7 +10,7 @@ Stages (each writes ``DIR/STAGE.json``: its results, or a sentence saying why it
 - ``demo``: the maze demo's quick plan (fewer GRPO steps on a GPU) with the hf engine and the
   learner on the device, the real maze agent over loopback: success before and after, step time
   split into rollouts, update and adapter load;
-- ``vision``: the same for the visual maze's quick plan: the tiny VLM sees PNGs of the map, its
+- ``vision``: the same for the visual maze at smoke sizes: the tiny VLM sees PNGs of the map, its
   pixels go through the hf engine and the learner on the device;
 - ``memory``: random-initialised models of three real shapes (``bench/model_configs``): a LoRA GRPO
   update at a fixed token budget, with and without checkpointing: peak memory against ``rft plan``'s
@@ -180,24 +180,42 @@ def stage_demo(args: argparse.Namespace) -> dict[str, Any]:
     from agents.maze.demo.plans import QUICK
 
     plan = _tiny_plan("text") if args.tiny else dataclasses.replace(QUICK, grpo_steps=GPU_DEMO_GRPO_STEPS)
-    return _run_demo(args, plan, "demo")
+    return _run_demo(args, plan, "demo", f"quick, {GPU_DEMO_GRPO_STEPS} GRPO steps")
 
 
 def stage_vision(args: argparse.Namespace) -> dict[str, Any]:
     from agents.maze.demo.plans import VISION_QUICK
 
-    return _run_demo(args, _tiny_plan("image") if args.tiny else VISION_QUICK, "vision")
+    # The smoke sizes `rft demo --vision --quick` had before it was sized to learn: its 500 picture
+    # warm-start steps alone would outlast the stage (40 took 31 s on the H200). The picture update's
+    # numbers on CUDA are the gpu-marked learner test's to check.
+    smoke = dataclasses.replace(
+        VISION_QUICK,
+        train_mazes=100,
+        sft_demos=40,
+        sft_steps=40,
+        sft_batch_size=8,
+        sft_learning_rate=1e-2,
+        grpo_steps=2,
+        rows_per_step=2,
+        eval_rows=8,
+        num_generations=4,
+        warmup_steps=0,
+        num_iterations=1,
+        eval_generations=1,
+    )
+    return _run_demo(args, _tiny_plan("image") if args.tiny else smoke, "vision", "vision, smoke sizes")
 
 
-def _run_demo(args: argparse.Namespace, plan: Any, name: str) -> dict[str, Any]:
-    """One demo run (warm start, then GRPO through the real maze agent) on the device, in WORK/NAME."""
+def _run_demo(args: argparse.Namespace, plan: Any, name: str, label: str) -> dict[str, Any]:
+    """One demo run (warm start, then GRPO through the real maze agent) on the device, in WORK/NAME;
+    ``label`` names the plan in the report."""
     from device_check import summarise
 
     from agents.maze.dataset import write_dataset
     from agents.maze.demo.agent_process import serve_agent
     from agents.maze.demo.demo import train_config
     from agents.maze.demo.model import build_demo_model, warm_start
-    from agents.maze.demo.plans import plan_name
     from trainer import train
     from trainer.ops.metrics import NO_MLFLOW
 
@@ -224,7 +242,7 @@ def _run_demo(args: argparse.Namespace, plan: Any, name: str) -> dict[str, Any]:
         summary = train(config)
     before, after = summary.evaluations[0], summary.evaluations[-1]
     return {
-        "plan": f"tiny ({plan.observation})" if args.tiny else plan_name(plan),
+        "plan": f"tiny ({plan.observation})" if args.tiny else label,
         "learner_and_engine": f"{_device(args)} ({_dtype(args)})",
         "warm_start": {"seconds": warm_start_s, "steps": len(sft.losses), "last_loss": sft.losses[-1]},
         "success_rate": {"before": before["success_rate"], "after": after["success_rate"]},

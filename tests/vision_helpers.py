@@ -6,7 +6,10 @@ import base64
 import io
 from typing import Any
 
+import httpx
 from PIL import Image
+
+from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 
 
 def image_bytes(color: tuple[int, int, int] = (200, 30, 30), size: int = 64, fmt: str = "PNG") -> bytes:
@@ -50,3 +53,35 @@ def strands_image_history(first: bytes, second: bytes) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+# Random weights sample byte-level BPE tokens that may not re-tokenize to themselves (half a UTF-8
+# character); this seed's episodes on the tiny VLM sample whole characters, so every turn extends
+# the last.
+EPISODE_SEED = 6
+
+
+def picture_episode(
+    thread: Any, job: str, rollout_id: str, colors: list[tuple[int, int, int]], seed: int = EPISODE_SEED
+) -> None:
+    """A maze-like episode through a policy server's thread: the first picture in the user message,
+    the later ones in tool results, one call per picture."""
+    headers = {JOB_ARN_HEADER: job, TRAJECTORY_ID_HEADER: rollout_id}
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Reach the goal."}, image_part(image_bytes(colors[0]))],
+        }
+    ]
+    for turn, color in enumerate([*colors[1:], None]):
+        body = {"model": "default", "messages": messages, "seed": seed + turn, "temperature": 1.0}
+        reply = httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert reply.status_code == 200, reply.text
+        if color is None:
+            return
+        messages.append(
+            {"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"] or ""}
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": [image_part(image_bytes(color))]}
+        )

@@ -2,7 +2,8 @@
 ``bench/device_check.sh`` runs them on the GPU machine).
 
 The learner in bfloat16 with gradient checkpointing and chunked logprobs gives the gradients of a
-float32 CPU learner on the same adapter and batch (to bf16's precision); a step leaves the caller's
+float32 CPU learner on the same adapter and batch (to bf16's precision), on token sequences and on the
+tiny VLM's picture episodes (pixels and M-RoPE positions rebuilt on the GPU); a step leaves the caller's
 CUDA RNG as it was; the Ray worker's device string works with ``torch.cuda.set_device``; what a
 worker returns is on the CPU; the placement sees the GPU and a child process sees the GPUs
 ``CUDA_VISIBLE_DEVICES`` gives it.
@@ -21,7 +22,10 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.algo.sequences import TrainingSequence, micro_batches_by_token_budget
+from policy_server import PolicyServer, ServerThread
+from policy_server.engines.hf import HFEngine
+from tests.vision_helpers import picture_episode
+from trainer.algo.sequences import TrainingSequence, build_sequences, micro_batches_by_token_budget
 from trainer.config import TrainConfig
 from trainer.learner.learner import Learner
 from trainer.learner.steps import StepTotals as _StepTotals
@@ -122,6 +126,51 @@ def test_bf16_checkpointed_chunked_gradients_match_an_fp32_reference(tiny_model_
     record("learner_bf16_vs_fp32", {"gradient_cosine": cosine, "gradient_relative_error": relative})
     assert flat_want.norm() > 0
     assert cosine > 0.99 and relative < 0.1, (cosine, relative)
+
+
+def picture_gradient_agreement(model_dir: Path, device: str, dtype: str) -> dict[str, float]:
+    """Two picture episodes of the tiny VLM (sampled on the CPU), then the learner on ``device`` in
+    ``dtype`` against a float32 CPU learner: the cosine and relative error of their LoRA gradients
+    on the same adapter, and whether a step on ``device`` ran. The learner rebuilds pixels and M-RoPE
+    positions from the server's image store."""
+    job = "arn:aws:sagemaker:us-west-2:123456789012:training-job/cuda-vision"
+    server = PolicyServer(HFEngine(model_dir))
+    thread = ServerThread(server).start()
+    server.open_job(job, max_tokens=5, auto_open_rollouts=True)
+    try:
+        red, blue, green = (200, 0, 0), (0, 0, 200), (0, 160, 0)
+        picture_episode(thread, job, "a", [red, blue, blue])
+        picture_episode(thread, job, "b", [red, green, red])
+        traces = [server.take_trace(job, rollout) for rollout in ("a", "b")]
+        sequences = [sequence for trace in traces for sequence in build_sequences(trace)]
+        sequences[0].advantage, sequences[1].advantage = 1.0, -1.0
+        store = server.image_store
+        learner = Learner(model_dir, _config(), placement=_placement(device, dtype), image_store=store)
+        reference = Learner(model_dir, _config(), placement=_placement("cpu", "float32"), image_store=store)
+        adapter = _random_adapter(reference, seed=1)
+        got, _ = _gradients(learner, adapter, sequences)
+        want, _ = _gradients(reference, adapter, sequences)
+        flat_got = torch.cat([got[name].reshape(-1) for name in sorted(want)])
+        flat_want = torch.cat([want[name].reshape(-1) for name in sorted(want)])
+        stepped = not learner.train_step(sequences, seed=0).skipped
+        for trace in traces:
+            server.release_trace(trace)
+    finally:
+        thread.stop()
+    return {
+        "images": float(sum(len(sequence.images) for sequence in sequences)),
+        "reference_norm": flat_want.norm().item(),
+        "gradient_cosine": torch.nn.functional.cosine_similarity(flat_got, flat_want, dim=0).item(),
+        "gradient_relative_error": ((flat_got - flat_want).norm() / flat_want.norm()).item(),
+        "stepped": float(stepped),
+    }
+
+
+def test_picture_episodes_give_bf16_gradients_of_an_fp32_reference(tiny_vision_dir: Path) -> None:
+    figures = picture_gradient_agreement(tiny_vision_dir, "cuda:0", "bfloat16")
+    record("vision_learner_bf16_vs_fp32", figures)
+    assert figures["images"] == 6 and figures["reference_norm"] > 0 and figures["stepped"]
+    assert figures["gradient_cosine"] > 0.99 and figures["gradient_relative_error"] < 0.1, figures
 
 
 def test_a_cuda_step_leaves_the_callers_rng_as_it_was(tiny_model_dir: Path) -> None:

@@ -8,25 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
-from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
 from policy_server.http.images import ImageRef
 from policy_server.trace import CallRecord, RolloutTrace
-from tests.vision_helpers import image_bytes, image_part
+from tests.vision_helpers import picture_episode
 from trainer.algo.sequences import TrainingSequence, build_sequences, count_train_tokens
 from trainer.config import LoraConfig, TrainConfig
 from trainer.learner.learner import Learner
 from trainer.learner.vision import lora_targets, stray_placeholders
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/vision-learner"
-# Random weights sample byte-level BPE tokens that may not re-tokenize to themselves (half a UTF-8
-# character); these seeds' episodes sample whole characters, so every turn extends the last.
-SEED = 6
 
 
 @pytest.fixture(scope="module")
@@ -38,31 +33,6 @@ def served(tiny_vision_dir: Path) -> Iterator[tuple[PolicyServer, ServerThread]]
         yield server, thread
     finally:
         thread.stop()
-
-
-def _episode(
-    thread: ServerThread, rollout_id: str, colors: list[tuple[int, int, int]], seed: int = SEED
-) -> None:
-    """A maze-like episode: the first observation in the user message, later ones in tool results."""
-    headers = {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id}
-    messages: list[dict[str, Any]] = [
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "Reach the goal."}, image_part(image_bytes(colors[0]))],
-        }
-    ]
-    for turn, color in enumerate([*colors[1:], None]):
-        body = {"model": "default", "messages": messages, "seed": seed + turn, "temperature": 1.0}
-        reply = httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
-        assert reply.status_code == 200, reply.text
-        if color is None:
-            return
-        messages.append(
-            {"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"] or ""}
-        )
-        messages.append(
-            {"role": "tool", "tool_call_id": f"c{turn}", "content": [image_part(image_bytes(color))]}
-        )
 
 
 def _learner(model_dir: Path, server: PolicyServer, **fields: Any) -> Learner:
@@ -77,8 +47,8 @@ def test_image_episodes_merge_train_and_match_the_sampler(
 ) -> None:
     server, thread = served
     red, blue, green = (200, 0, 0), (0, 0, 200), (0, 160, 0)
-    _episode(thread, "a", [red, blue, blue])
-    _episode(thread, "b", [red, green, red])
+    picture_episode(thread, JOB, "a", [red, blue, blue])
+    picture_episode(thread, JOB, "b", [red, green, red])
     traces = [server.take_trace(JOB, rollout) for rollout in ("a", "b")]
     sequences = [sequence for trace in traces for sequence in build_sequences(trace)]
     # Every call extends the one before, images included: one sequence per episode, 3 images each.
@@ -106,7 +76,7 @@ def test_image_episodes_merge_train_and_match_the_sampler(
 
     # The engine serves the update (adapter hot-swap), and samples with the learner's numbers.
     version = thread.run(server.load_adapter(learner.save_adapter(tmp_path / "adapter")))
-    _episode(thread, "c", [red, blue])
+    picture_episode(thread, JOB, "c", [red, blue])
     trace = server.take_trace(JOB, "c")
     assert {call.adapter_version for call in trace.calls} == {version}
     (sequence,) = build_sequences(trace)
