@@ -62,10 +62,15 @@ EPISODE_SEED = 6
 
 
 def picture_episode(
-    thread: Any, job: str, rollout_id: str, colors: list[tuple[int, int, int]], seed: int = EPISODE_SEED
+    thread: Any,
+    job: str,
+    rollout_id: str,
+    colors: list[tuple[int, int, int]],
+    seed: int = EPISODE_SEED,
+    timeout: float = 60,
 ) -> None:
     """A maze-like episode through a policy server's thread: the first picture in the user message,
-    the later ones in tool results, one call per picture."""
+    the later ones in tool results, one call per picture (call ``i`` sampled with ``seed + i``)."""
     headers = {JOB_ARN_HEADER: job, TRAJECTORY_ID_HEADER: rollout_id}
     messages: list[dict[str, Any]] = [
         {
@@ -75,7 +80,7 @@ def picture_episode(
     ]
     for turn, color in enumerate([*colors[1:], None]):
         body = {"model": "default", "messages": messages, "seed": seed + turn, "temperature": 1.0}
-        reply = httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        reply = httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
         assert reply.status_code == 200, reply.text
         if color is None:
             return

@@ -31,7 +31,7 @@ from policy_server.http.images import ImageLimits
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
-from tests.vision_helpers import image_bytes, image_part, strands_image_history
+from tests.vision_helpers import image_bytes, image_part, picture_episode, strands_image_history
 
 JOB = "arn:aws:sagemaker:us-west-2:000000000000:training-job/vllm-vision"
 LIMITS = ImageLimits(max_image_bytes=16 * 1024, max_images_per_call=3, max_image_pixels=160 * 160)
@@ -120,30 +120,6 @@ def test_strands_images_reach_vllm_and_the_learner_recomputes_its_logprobs(
     server.release_trace(trace)
 
 
-def _episode(thread: ServerThread, rollout_id: str, colors: list[tuple[int, int, int]]) -> None:
-    """A maze-like episode: the first observation in the user message, later ones in tool results."""
-    messages: list[dict[str, Any]] = [
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "Reach the goal."}, image_part(image_bytes(colors[0]))],
-        }
-    ]
-    for turn, color in enumerate([*colors[1:], None]):
-        body = {"model": "default", "messages": messages, "seed": turn, "temperature": 1.0}
-        reply = httpx.post(
-            f"{thread.url}/v1/chat/completions", json=body, headers=_headers(rollout_id), timeout=120
-        )
-        assert reply.status_code == 200, reply.text
-        if color is None:
-            return
-        messages.append(
-            {"role": "assistant", "content": reply.json()["choices"][0]["message"]["content"] or ""}
-        )
-        messages.append(
-            {"role": "tool", "tool_call_id": f"c{turn}", "content": [image_part(image_bytes(color))]}
-        )
-
-
 def _matches_sampler(learner: Any, sequences: list[Any]) -> None:
     for sequence, logprobs in zip(sequences, learner.old_logprobs(sequences), strict=True):
         mask = torch.tensor(sequence.loss_mask, dtype=torch.bool)
@@ -164,8 +140,8 @@ def test_a_grpo_step_on_vllm_image_episodes_is_hot_loaded_into_vllm(
 
     server, thread = served
     red, blue, green = (200, 0, 0), (0, 0, 200), (0, 160, 0)
-    _episode(thread, "a", [red, blue])
-    _episode(thread, "b", [green, red])
+    picture_episode(thread, JOB, "a", [red, blue], seed=0, timeout=120)
+    picture_episode(thread, JOB, "b", [green, red], seed=0, timeout=120)
     traces = [server.take_trace(JOB, rollout) for rollout in ("a", "b")]
     better, worse = build_sequences(traces[0]), build_sequences(traces[1])
     for sequence in better:
@@ -192,7 +168,7 @@ def test_a_grpo_step_on_vllm_image_episodes_is_hot_loaded_into_vllm(
     assert not torch.allclose(learner.old_logprobs(sequences)[0], old[0])
 
     version = thread.run(server.load_adapter(learner.save_adapter(tmp_path / "adapter")))
-    _episode(thread, "c", [red, blue])
+    picture_episode(thread, JOB, "c", [red, blue], seed=0, timeout=120)
     trace = server.take_trace(JOB, "c")
     assert {call.adapter_version for call in trace.calls} == {version} == {1}
     _matches_sampler(learner, build_sequences(trace))
