@@ -16,19 +16,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The longest files go first, so the last minutes are not one long file running beside an idle
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
 LONGEST_FIRST = (
-    "trainer/test_demo.py",  # 575: the main job's quick plan, its lift measured
-    "trainer/test_ray_demo.py",  # 331
-    "trainer/test_ray_learner.py",  # 163
-    "trainer/test_smollm2_training.py",  # 149
-    "trainer/test_ray_replicas.py",  # 91
-    "policy_server/test_vllm_engine.py",  # 85
-    "policy_server/test_vllm_attach.py",  # 70
-    "policy_server/test_smollm2.py",  # 66
-    "policy_server/test_vllm_vision.py",  # 60
-    "trainer/test_demo_vision.py",  # 57
-    "trainer/test_train_vllm.py",  # 52
-    "policy_server/test_vllm_reasoning.py",  # 48
-    "policy_server/test_engines_tool_calls.py",  # 45
+    "trainer/test_demo_vision.py",  # 455 (with the quick plan before its GRPO steps got cheaper)
+    "trainer/test_demo.py",  # 211: the main job's quick plan, its lift measured
+    "trainer/test_smollm2_training.py",  # 191
+    "trainer/test_ray_demo.py",  # 142
+    "policy_server/test_vllm_engine.py",  # 131
+    "policy_server/test_vllm_attach.py",  # 92
+    "bench/test_device_check.py",  # 88
+    "policy_server/test_smollm2.py",  # 78
+    "trainer/test_ray_replicas.py",  # 77
+    "policy_server/test_vllm_vision.py",  # 75
+    "policy_server/test_engines_tool_calls.py",  # 68
+    "trainer/test_ray_learner.py",  # 64
+    "trainer/test_train_vllm.py",  # 55
+    "policy_server/test_vllm_reasoning.py",  # 35
 )
 
 

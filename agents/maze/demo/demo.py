@@ -21,7 +21,7 @@
     rft demo                  # the full demo
     rft demo --quick          # a smaller run (32 mazes, 16 steps)
     rft demo --vision         # the visual maze: a tiny VLM sees the map as a picture
-    rft demo --vision --quick # its three-minute run (the suite's)
+    rft demo --vision --quick # its run of under three minutes (the suite's)
     rft demo --model smollm2 --engine vllm              # SmolLM2-135M-Instruct learns it through vLLM
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
     rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
@@ -289,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
         "--vision",
         action="store_true",
         help="the visual maze: a tiny vision-language model sees a picture of the map (with --quick: "
-        "a three-minute run on fewer mazes)",
+        "a run of under three minutes on fewer mazes)",
     )
     parser.add_argument(
         "--model",
