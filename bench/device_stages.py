@@ -184,27 +184,14 @@ def stage_demo(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_vision(args: argparse.Namespace) -> dict[str, Any]:
-    from agents.maze.demo.plans import VISION_QUICK
-
-    # The smoke sizes `rft demo --vision --quick` had before it was sized to learn: its 500 picture
-    # warm-start steps alone would outlast the stage (40 took 31 s on the H200). The picture update's
-    # numbers on CUDA are the gpu-marked learner test's to check.
-    smoke = dataclasses.replace(
-        VISION_QUICK,
-        train_mazes=100,
-        sft_demos=40,
-        sft_steps=40,
-        sft_batch_size=8,
-        sft_learning_rate=1e-2,
-        grpo_steps=2,
-        rows_per_step=2,
-        eval_rows=8,
-        num_generations=4,
-        warmup_steps=0,
-        num_iterations=1,
-        eval_generations=1,
-    )
-    return _run_demo(args, _tiny_plan("image") if args.tiny else smoke, "vision", "vision, smoke sizes")
+    # The sizes `rft demo --vision --quick` had before it was sized to learn (the run the H200 passed):
+    # its 500 picture warm-start steps alone would outlast the stage (40 took 31 s there). The picture
+    # update's numbers on CUDA are the gpu-marked learner test's to check.
+    plan = _tiny_plan("image")
+    if not args.tiny:
+        sizes = {"train_mazes": 100, "sft_demos": 40, "sft_steps": 40, "sft_batch_size": 8}
+        plan = dataclasses.replace(plan, **sizes, sft_learning_rate=1e-2, rows_per_step=2, eval_rows=8)
+    return _run_demo(args, plan, "vision", "vision, smoke sizes")
 
 
 def _run_demo(args: argparse.Namespace, plan: Any, name: str, label: str) -> dict[str, Any]:
