@@ -86,6 +86,7 @@ class VLLMEngine(VLLMLauncher):
         dtype: str = "auto",
         max_model_len: int | None = None,
         tensor_parallel_size: int | None = None,
+        data_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
         enable_sleep_mode: bool = False,
         cpu_build: bool = False,
@@ -110,15 +111,14 @@ class VLLMEngine(VLLMLauncher):
         self._port = port
         self._attached = base_url is not None
         self._base_url = base_url.rstrip("/") if base_url else None
-        self._max_lora_rank = max_lora_rank
-        self._max_loras = max_loras
+        self._max_lora_rank, self._max_loras = max_lora_rank, max_loras
         self._tool_call_parser = tool_call_parser
         self._reasoning_parser = reasoning_parser
         # Resolved now, so a bad setting fails before a server is started.
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._dtype = dtype
         self._max_model_len = max_model_len
-        self._tensor_parallel_size = tensor_parallel_size
+        self._tensor_parallel_size, self._data_parallel_size = tensor_parallel_size, data_parallel_size
         self._gpu_memory_utilization = gpu_memory_utilization
         self._enable_sleep_mode = enable_sleep_mode
         self._cpu_build = cpu_build

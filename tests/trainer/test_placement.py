@@ -50,7 +50,7 @@ def test_placements_the_node_cannot_hold_are_refused() -> None:
     with pytest.raises(PlacementError, match="GPU 3"):
         place(_config(learner={"device": "cuda:3"}), _node(2))
     with pytest.raises(ValueError, match="exactly tensor_parallel_size"):
-        _config(engine="vllm", vllm={"devices": [0, 1]})
+        _config(engine="vllm", vllm={"devices": [0, 1, 2], "tensor_parallel_size": 2})
 
 
 def test_declared_gpus_win_and_named_gpus_are_planned_for() -> None:

@@ -140,7 +140,10 @@ def test_train_preflight_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_a_free_gpu_is_suggested_before_anything_else(tmp_path: Path) -> None:
-    path = _run_config(tmp_path, "qwen2.5-7b", engine="vllm", learner={"device": "cuda"})
+    # vLLM told to take GPU 0, which the learner shares, while GPU 1 sits free.
+    path = _run_config(
+        tmp_path, "qwen2.5-7b", engine="vllm", learner={"device": "cuda"}, vllm={"devices": [0]}
+    )
     # 4096 tokens per micro-batch: the learner alone fits a free 80 GB GPU (8192 need checkpointing).
     overrides = ["vllm.gpu_memory_utilization=0.5", "placement.num_gpus=2", "max_tokens_per_microbatch=4096"]
     config = load_config(path, overrides)

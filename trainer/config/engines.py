@@ -69,12 +69,24 @@ class VLLMConfig(_Section):
     )
     devices: list[int] | None = Field(
         default=None,
-        description="GPU indices vLLM gets (its CUDA_VISIBLE_DEVICES), as many as "
-        "tensor_parallel_size; unset: the first ones. A GPU listed here and also given to the "
-        "learner is shared: vLLM takes gpu_memory_utilization of it, the learner the rest.",
+        description="GPU indices vLLM gets (its CUDA_VISIBLE_DEVICES): data_parallel_size replicas of "
+        "tensor_parallel_size GPUs each. Unset: the GPUs the learner does not take, filled with as many "
+        "replicas as they hold (docs/placement.md). A GPU listed here and also given to the learner is "
+        "shared: vLLM takes gpu_memory_utilization of it, the learner the rest.",
     )
-    tensor_parallel_size: int = Field(
-        default=1, gt=0, description="vLLM's --tensor-parallel-size: GPUs one vLLM server spans."
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --tensor-parallel-size: GPUs one replica spans. Unset: the smallest of 1, 2, "
+        "4, 8 whose share of each GPU (gpu_memory_utilization) holds the model's weights, LoRA slots "
+        "and one full-length sequence (1 when the GPUs' memory or the model's size is unknown).",
+    )
+    data_parallel_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM's --data-parallel-size: replicas of the model in the one vLLM server, each on "
+        "tensor_parallel_size GPUs of its own (vLLM balances calls across them and loads every adapter "
+        "into each). Unset: as many as vLLM's GPUs hold.",
     )
     gpu_memory_utilization: float = Field(
         default=0.9,
@@ -136,15 +148,23 @@ class VLLMConfig(_Section):
 
     @model_validator(mode="after")
     def _devices_match_tensor_parallel(self) -> VLLMConfig:
-        if self.devices is not None and len(self.devices) != self.tensor_parallel_size:
-            raise ValueError(
-                f"devices lists {len(self.devices)} GPU(s) but tensor_parallel_size is "
-                f"{self.tensor_parallel_size}: give vLLM exactly tensor_parallel_size GPUs"
-            )
-        if self.devices is not None and (
-            len(set(self.devices)) != len(self.devices) or min(self.devices) < 0
+        if self.devices is None:
+            return self
+        if (
+            len(set(self.devices)) != len(self.devices)
+            or min(self.devices, default=0) < 0
+            or not self.devices
         ):
             raise ValueError(f"devices must be distinct GPU indices >= 0, got {self.devices}")
+        groups = (self.tensor_parallel_size or 1) * (self.data_parallel_size or 1)
+        if len(self.devices) % groups or (
+            self.tensor_parallel_size and self.data_parallel_size and len(self.devices) != groups
+        ):
+            raise ValueError(
+                f"devices lists {len(self.devices)} GPU(s) but tensor_parallel_size x "
+                f"data_parallel_size is {self.tensor_parallel_size or 1} x {self.data_parallel_size or 1}: "
+                "give vLLM exactly tensor_parallel_size x data_parallel_size GPUs"
+            )
         return self
 
     def lora_rank_for(self, adapter_rank: int) -> int:

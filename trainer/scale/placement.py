@@ -1,7 +1,8 @@
 """Placement on one node: which GPU the learner gets, which ones vLLM gets, and in which dtypes.
 
-Rules, in order: vLLM (when rftkit starts it) gets ``vllm.devices``, else the first
-``tensor_parallel_size`` GPUs. The learner gets ``learner.device``; ``auto`` is the first GPU vLLM
+Rules, in order: vLLM (when rftkit starts it) gets ``vllm.devices``, else every GPU the learner
+does not keep, as data-parallel replicas of a tensor-parallel size that holds the model
+(:mod:`trainer.scale.layout`). The learner gets ``learner.device``; ``auto`` is the first GPU vLLM
 was not given, else vLLM's first GPU (shared: vLLM takes ``gpu_memory_utilization`` of it, the
 learner the rest), else the CPU. The hf engine runs in the learner's process, on the learner's
 device unless ``hf.device`` says otherwise. ``auto`` dtypes are bfloat16 on CUDA, float32 on CPU.
@@ -15,6 +16,8 @@ import os
 from dataclasses import dataclass
 
 from trainer.config import TrainConfig
+from trainer.scale.layout import VllmLayout, vllm_layout
+from trainer.scale.memory import ModelShape
 
 GB = 1e9
 # The engine's place with a `ray` section: replica actors, on GPUs of their own.
@@ -51,6 +54,8 @@ class Placement:
     engine_device: str  # hf's device; "cuda:a,b" for vLLM's GPUs, "cpu" without; RAY_REPLICAS with Ray
     engine_dtype: str
     vllm_devices: list[int]
+    vllm_tensor_parallel: int = 1  # GPUs each vLLM replica spans
+    vllm_data_parallel: int = 1  # vLLM replicas (--data-parallel-size) over vllm_devices
 
     @property
     def learner_gpu(self) -> int | None:
@@ -105,29 +110,41 @@ def _gpus_named(config: TrainConfig) -> int:
     named = [_index(device) for device in (config.learner.device, config.hf.device)]
     indices = [index for index in named if index is not None]
     if config.engine == "vllm" and config.vllm.attach_url is None and indices:
-        indices += config.vllm.devices or list(range(config.vllm.tensor_parallel_size))
+        vllm = config.vllm
+        indices += vllm.devices or list(
+            range((vllm.tensor_parallel_size or 1) * (vllm.data_parallel_size or 1))
+        )
     elif config.engine == "vllm" and config.vllm.devices:
         indices += config.vllm.devices
     return max(indices) + 1 if indices else 0
 
 
-def _vllm_devices(config: TrainConfig, node: Node) -> list[int]:
-    if config.engine != "vllm" or config.vllm.attach_url is not None or config.ray is not None:
-        return []
-    wanted = config.vllm.devices
-    if wanted is None:
-        return list(range(config.vllm.tensor_parallel_size)) if node.gpus else []
-    return wanted
-
-
-def place(config: TrainConfig, node: Node) -> Placement:
-    """Resolve every ``auto`` of ``config`` on ``node``; raises :class:`PlacementError`."""
-    vllm = _vllm_devices(config, node)
-    if node.gpus and len(vllm) > len(node.gpus):
+def _vllm(config: TrainConfig, node: Node, shape: ModelShape | None) -> VllmLayout:
+    if config.ray is not None and config.vllm.data_parallel_size is not None:
         raise PlacementError(
-            f"vLLM needs {len(vllm)} GPU(s) (vllm.tensor_parallel_size) but the node has "
-            f"{len(node.gpus)}: lower vllm.tensor_parallel_size"
+            "vllm.data_parallel_size with a ray section: on Ray the replicas are ray.inference_replicas "
+            "actors, each with its own GPUs; unset vllm.data_parallel_size"
         )
+    if config.engine != "vllm" or config.vllm.attach_url is not None or config.ray is not None:
+        return VllmLayout([])
+    if not node.gpus and config.vllm.devices is None:
+        return VllmLayout([])
+    memory = [gpu.memory_bytes for gpu in node.gpus if gpu.memory_bytes is not None]
+    layout = vllm_layout(config, [gpu.index for gpu in node.gpus], min(memory, default=None), shape)
+    wanted = layout.tensor_parallel * layout.data_parallel
+    if node.gpus and len(layout.devices) < wanted:
+        raise PlacementError(
+            f"vLLM needs {wanted} GPU(s) (vllm.tensor_parallel_size x vllm.data_parallel_size) but the "
+            f"node has {len(node.gpus)}: lower vllm.tensor_parallel_size or vllm.data_parallel_size"
+        )
+    return layout
+
+
+def place(config: TrainConfig, node: Node, shape: ModelShape | None = None) -> Placement:
+    """Resolve every ``auto`` of ``config`` on ``node`` for a model of ``shape`` (unknown: vLLM's
+    tensor-parallel size defaults to 1); raises :class:`PlacementError`."""
+    layout = _vllm(config, node, shape)
+    vllm = layout.devices
     learner = config.learner.device
     if learner == "auto":
         free = [gpu.index for gpu in node.gpus if gpu.index not in vllm]
@@ -159,6 +176,8 @@ def place(config: TrainConfig, node: Node) -> Placement:
         engine_device=engine,
         engine_dtype=config.vllm.dtype if config.engine == "vllm" else _dtype(config.hf.dtype, engine),
         vllm_devices=vllm,
+        vllm_tensor_parallel=layout.tensor_parallel,
+        vllm_data_parallel=layout.data_parallel,
     )
 
 

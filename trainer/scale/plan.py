@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainer.config import TrainConfig
+from trainer.scale.layout import CUDA_OVERHEAD_BYTES, vllm_needs
 from trainer.scale.memory import DTYPE_BYTES, GB, LORA_TRAINING_BYTES, ModelShape, ModelShapeError
+from trainer.scale.phases import NodeWork, node_work, render_work, work_dict
 from trainer.scale.placement import Node, Placement, detect_gpus, node_for, place
 
 Phase = Literal["always", "rollouts", "update"]
 log = logging.getLogger(__name__)
-
-# Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
-CUDA_OVERHEAD_BYTES = int(1.0 * GB)
 
 
 class PlanError(ValueError):
@@ -70,6 +69,7 @@ class Plan:
     node: Node
     devices: list[DevicePlan]
     problems: list[str] = field(default_factory=list)
+    work: NodeWork | None = None  # what each GPU does per phase
 
     @property
     def fits(self) -> bool:
@@ -84,6 +84,8 @@ class Plan:
                 "learner_dtype": self.placement.learner_dtype,
                 "engine": self.placement.engine_device,
                 "vllm_devices": self.placement.vllm_devices,
+                "vllm_tensor_parallel": self.placement.vllm_tensor_parallel,
+                "vllm_data_parallel": self.placement.vllm_data_parallel,
             },
             "devices": [
                 {
@@ -98,6 +100,7 @@ class Plan:
             ],
             "problems": self.problems,
             "fits": self.fits,
+            "phases": work_dict(self.work) if self.work is not None else None,
         }
 
 
@@ -186,25 +189,12 @@ def _hf_engine_items(config: TrainConfig, shape: ModelShape, placement: Placemen
     ]
 
 
-def vllm_needs(config: TrainConfig, shape: ModelShape) -> tuple[int, int]:
-    """(bytes vLLM needs on each of its GPUs at least, context length assumed): its weights, LoRA
-    slots, one full-length sequence's KV cache and its CUDA context."""
-    dtype = config.vllm.dtype if config.vllm.dtype in DTYPE_BYTES else shape.dtype
-    width, parallel = DTYPE_BYTES[dtype], config.vllm.tensor_parallel_size
-    context = config.vllm.max_model_len or shape.max_positions or 4096
-    loras = config.vllm.max_loras * shape.lora_parameters(
-        config.vllm.lora_rank_for(config.adapter_rank()), config.lora.target_modules
-    )
-    need = (shape.parameters() + loras) * width + shape.kv_bytes_per_token(width) * context
-    return need // parallel + CUDA_OVERHEAD_BYTES, context
-
-
 def _vllm_items(
     config: TrainConfig, shape: ModelShape, placement: Placement, plans: dict[str, DevicePlan], node: Node
 ) -> list[str]:
     """Add vLLM's share to each of its GPUs; return the problems (a share too small for vLLM)."""
     vllm, problems = config.vllm, []
-    need, context = vllm_needs(config, shape)
+    need, context = vllm_needs(config, shape, placement.vllm_tensor_parallel)
     awake: Phase = "rollouts" if vllm.enable_sleep_mode else "always"
     for index in placement.vllm_devices:
         device = _device(plans, node, f"cuda:{index}")
@@ -229,7 +219,7 @@ def _vllm_items(
 
 def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
     """The memory plan of ``config`` for a model of ``shape`` on ``node`` (no advice)."""
-    placement = place(config, node)
+    placement = place(config, node, shape)
     plans: dict[str, DevicePlan] = {}
     _device(plans, node, placement.learner_device).items.extend(_learner_items(config, shape, placement))
     problems: list[str] = []
@@ -237,7 +227,7 @@ def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
         _device(plans, node, placement.engine_device).items.extend(_hf_engine_items(config, shape, placement))
     elif placement.vllm_devices:
         problems = _vllm_items(config, shape, placement, plans, node)
-    return Plan(shape, placement, node, list(plans.values()), problems)
+    return Plan(shape, placement, node, list(plans.values()), problems, node_work(config, placement, node))
 
 
 def _changed(config: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
@@ -326,7 +316,12 @@ def render(plan: Plan) -> str:
         f"{plan.shape.hidden}, vocabulary {plan.shape.vocab}); node: {gpus}",
         f"placement: learner on {placement.learner_device} ({placement.learner_dtype}), engine on "
         f"{placement.engine_device} ({placement.engine_dtype})"
-        + (f", sharing GPU {placement.shared_gpus[0]}" if placement.shared_gpus else ""),
+        + (f", sharing GPU {placement.shared_gpus[0]}" if placement.shared_gpus else "")
+        + (
+            f"; vLLM: {placement.vllm_data_parallel} replica(s) x {placement.vllm_tensor_parallel} GPU(s)"
+            if placement.vllm_devices
+            else ""
+        ),
     ]
     if not node.present and any(device.device.startswith("cuda") for device in plan.devices):
         lines.append(
@@ -340,7 +335,7 @@ def render(plan: Plan) -> str:
         peak, phase = device.peak
         verdict = "not checked" if device.capacity is None else "fits" if device.fits else "DOES NOT FIT"
         lines.append(f"  {'peak (' + phase + ')':<66} {peak / GB:8.2f} GB  {verdict}")
-    return "\n".join(lines)
+    return "\n".join(lines + (render_work(plan.work) if plan.work is not None else []))
 
 
 def shape_for(model_dir: str | Path) -> ModelShape:
@@ -359,7 +354,11 @@ def shape_for(model_dir: str | Path) -> ModelShape:
 def preflight(config: TrainConfig, model_dir: str | Path) -> Placement:
     """What ``rft train`` runs first: the placement, after checking the plan (:class:`PlanError`)."""
     node = node_for(config, detect_gpus())
-    placement = place(config, node)
+    try:
+        shape: ModelShape | None = shape_for(model_dir)
+    except PlanError:
+        shape = None  # a hub id the engine resolves itself: nothing to estimate from
+    placement = place(config, node, shape)
     uses_cuda = placement.vllm_devices or any(
         device.startswith("cuda") for device in (placement.learner_device, placement.engine_device)
     )
@@ -369,11 +368,9 @@ def preflight(config: TrainConfig, model_dir: str | Path) -> Placement:
             f"{placement.engine_device}, but torch sees no CUDA device here: set learner.device: cpu "
             "(and hf.device), or run on a machine with a GPU and a CUDA build of torch"
         )
-    try:
-        shape = shape_for(model_dir)
-    except PlanError:
+    if shape is None:
         log.info("no memory plan: %s is not a local model directory", model_dir)
-        return placement  # a hub id the engine resolves itself: nothing to estimate from
+        return placement
     plan = check(config, shape, node)
     log.info("memory plan:\n%s", render(plan))
     return plan.placement

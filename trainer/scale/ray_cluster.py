@@ -93,7 +93,7 @@ def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = N
     assert settings is not None
     num_gpus = settings.replica_num_gpus
     if num_gpus is None:
-        num_gpus = float(config.vllm.tensor_parallel_size) if config.engine == "vllm" else 0.0
+        num_gpus = float(config.vllm.tensor_parallel_size or 1) if config.engine == "vllm" else 0.0
     return RayEngine(
         functools.partial(replica_engine, config, str(model_dir)),
         model_name=Path(model_dir).name,
@@ -128,5 +128,6 @@ def replica_engine(config: TrainConfig, model_dir: str) -> Engine:
         engine_device=device,
         engine_dtype=config.vllm.dtype if config.engine == "vllm" else hf_dtype,
         vllm_devices=[],  # inherit the actor's CUDA_VISIBLE_DEVICES
+        vllm_tensor_parallel=config.vllm.tensor_parallel_size or 1,
     )
     return local_engine(config.model_copy(update={"ray": None}), Path(model_dir), placement)

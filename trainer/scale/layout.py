@@ -1,0 +1,88 @@
+"""How vLLM fills a node's GPUs: its replicas' tensor-parallel size, how many data-parallel replicas,
+and on which GPUs, chosen from the model's size and the node (:func:`vllm_layout`).
+
+A run without Ray trains in one learner process on one device, so by default the learner keeps one
+GPU of its own (when the node has two or more) and vLLM takes the others: one server with
+``--data-parallel-size`` replicas of ``--tensor-parallel-size`` GPUs each. The tensor-parallel size
+is the smallest of 1, 2, 4, 8 whose share of each GPU holds the model (:func:`vllm_needs`). A
+setting the user gave (``vllm.devices``, ``vllm.tensor_parallel_size``, ``vllm.data_parallel_size``,
+``learner.device``) is kept as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.config import TrainConfig
+from trainer.scale.memory import DTYPE_BYTES, GB, ModelShape
+
+# Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
+CUDA_OVERHEAD_BYTES = int(1.0 * GB)
+# Tensor-parallel sizes tried, smallest first (vLLM needs one that divides the attention heads).
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class VllmLayout:
+    """vLLM's GPUs: ``data_parallel`` replicas of ``tensor_parallel`` GPUs each, on ``devices``."""
+
+    devices: list[int]
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+
+
+def vllm_needs(config: TrainConfig, shape: ModelShape, tensor_parallel: int) -> tuple[int, int]:
+    """(bytes vLLM needs on each of its GPUs at least, context length assumed): its weights, LoRA
+    slots, one full-length sequence's KV cache and its CUDA context, split over ``tensor_parallel``."""
+    dtype = config.vllm.dtype if config.vllm.dtype in DTYPE_BYTES else shape.dtype
+    width = DTYPE_BYTES[dtype]
+    context = config.vllm.max_model_len or shape.max_positions or 4096
+    loras = config.vllm.max_loras * shape.lora_parameters(
+        config.vllm.lora_rank_for(config.adapter_rank()), config.lora.target_modules
+    )
+    need = (shape.parameters() + loras) * width + shape.kv_bytes_per_token(width) * context
+    return need // tensor_parallel + CUDA_OVERHEAD_BYTES, context
+
+
+def fitting_tensor_parallel(
+    config: TrainConfig, shape: ModelShape | None, gpu_bytes: int | None, gpus: int
+) -> int:
+    """The smallest tensor-parallel size (at most ``gpus``) whose share of a ``gpu_bytes`` GPU holds
+    the model; the largest tried when none does (the memory plan then says so); 1 when the model's
+    size or the GPU's memory is unknown."""
+    if shape is None or gpu_bytes is None:
+        return 1
+    sizes = [size for size in TENSOR_PARALLEL_SIZES if size <= max(gpus, 1) and shape.heads % size == 0]
+    share = config.vllm.gpu_memory_utilization * gpu_bytes
+    for size in sizes:
+        if vllm_needs(config, shape, size)[0] <= share:
+            return size
+    return sizes[-1]
+
+
+def vllm_layout(
+    config: TrainConfig, gpus: list[int], gpu_bytes: int | None, shape: ModelShape | None
+) -> VllmLayout:
+    """vLLM's GPUs on a node with GPUs ``gpus`` (each of ``gpu_bytes``), for a model of ``shape``.
+
+    Without ``vllm.devices``: the GPUs the learner does not take, where ``learner.device: auto``
+    keeps the last GPU for the learner when the others hold at least one replica; with fewer GPUs
+    vLLM shares the learner's.
+    """
+    vllm = config.vllm
+    if vllm.devices is not None:
+        tensor = vllm.tensor_parallel_size or len(vllm.devices) // (vllm.data_parallel_size or 1)
+        if vllm.tensor_parallel_size is None and vllm.data_parallel_size is None:
+            tensor = fitting_tensor_parallel(config, shape, gpu_bytes, len(vllm.devices))
+            tensor = tensor if len(vllm.devices) % tensor == 0 else 1
+        return VllmLayout(list(vllm.devices), tensor, len(vllm.devices) // tensor)
+    learner = config.learner.device
+    named = int(learner.partition(":")[2] or 0) if learner.startswith("cuda") else None
+    pool = [gpu for gpu in gpus if gpu != named]
+    if learner == "auto" and len(gpus) > 1:
+        pool = pool[:-1]  # the learner's own GPU
+    tensor = vllm.tensor_parallel_size or fitting_tensor_parallel(config, shape, gpu_bytes, len(gpus))
+    if len(pool) < tensor * (vllm.data_parallel_size or 1):
+        pool = list(gpus)  # too few GPUs of its own: vLLM shares the learner's
+    replicas = vllm.data_parallel_size or max(len(pool) // tensor, 1)
+    return VllmLayout(pool[: tensor * replicas], tensor, replicas)
