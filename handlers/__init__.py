@@ -63,6 +63,11 @@ _LAZY: dict[str, str] = {
         "handlers.agent_client",
     ),
     "http_url": "handlers.urls",
+    # the bearer tokens AWS's SageMaker SDK signs (the gateway's check, and rft smoke's)
+    **dict.fromkeys(
+        ["TOKEN_PREFIX", "SageMakerTokenPolicy", "TokenRejected", "check_token", "parse_token"],
+        "handlers.sagemaker_tokens",
+    ),
     # running servers and event loops in threads
     "LoopThread": "handlers.loop_thread",
     "lazy_attributes": "handlers.lazy",
@@ -121,6 +126,13 @@ if TYPE_CHECKING:
         UpdateRewardRequest,
     )
     from handlers.reporting import report_rollout, report_rollout_async
+    from handlers.sagemaker_tokens import (
+        TOKEN_PREFIX,
+        SageMakerTokenPolicy,
+        TokenRejected,
+        check_token,
+        parse_token,
+    )
     from handlers.serving import (
         HEADER_TIMEOUT_S,
         KEEP_ALIVE_S,
@@ -184,6 +196,11 @@ __all__ = [
     "serve_in_thread",
     "http_url",
     "lazy_attributes",
+    "TOKEN_PREFIX",
+    "SageMakerTokenPolicy",
+    "TokenRejected",
+    "check_token",
+    "parse_token",
 ]
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -4,6 +4,7 @@ agent side (``rft smoke``) works in a container without torch."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module:function taking argv and returning an exit code, one-line summary)
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     target, _ = SUBCOMMANDS[name]
+    # rftkit downloads no model: with this, transformers (and a vLLM server started from here) fail
+    # at once on a path that is not a local directory instead of retrying the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     module_name, function_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

@@ -31,7 +31,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RECORDED_TEXT_CHARS": ("policy_server.trace", "RECORDED_TEXT_CHARS"),
     "Rejection": ("policy_server.errors", "Rejection"),
     "RolloutTrace": ("policy_server.trace", "RolloutTrace"),
-    "SageMakerTokenPolicy": ("policy_server.http.sigv4_token", "SageMakerTokenPolicy"),
+    "SageMakerTokenPolicy": ("handlers", "SageMakerTokenPolicy"),
     "ServerThread": ("policy_server.running", "ServerThread"),
     "TokenCounters": ("policy_server.trace", "TokenCounters"),
     "call_record": ("policy_server.recording", "call_record"),
@@ -50,6 +50,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 if TYPE_CHECKING:
+    from handlers import SageMakerTokenPolicy
     from policy_server.errors import EngineError, Rejection
     from policy_server.http.chat_format import normalize_messages, parse_tool_calls
     from policy_server.http.images import (
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
         request_images,
     )
     from policy_server.http.metrics import start_metrics_server
-    from policy_server.http.sigv4_token import SageMakerTokenPolicy
     from policy_server.image_store import ImageStore, trace_key
     from policy_server.jobs import CallTicket, JobLimits, JobRegistry
     from policy_server.recording import call_record

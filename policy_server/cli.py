@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER, ServingThread
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER, SageMakerTokenPolicy, ServingThread
 from policy_server.engines.base import Engine
 from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -16,7 +16,6 @@ from policy_server.http.images import (
     ImageLimits,
 )
 from policy_server.http.metrics import start_metrics_server
-from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.models.chat_templates import ChatTemplateError
 from policy_server.server import PolicyServer
 from policy_server.workers.gateway_pool import serve_gateway

@@ -32,8 +32,8 @@ class ImageStore:
     """Content-addressed image files under ``root``, reference-counted by trace (thread-safe)."""
 
     def __init__(self, root: str | Path) -> None:
+        # The directory is made by the first image, so a text-only run leaves none behind.
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._refs: dict[str, set[str]] = {}  # sha256 -> trace keys
         self._by_key: dict[str, set[str]] = {}  # trace key -> sha256s
@@ -55,6 +55,7 @@ class ImageStore:
         path = self.path(image.sha256)
         with self._lock:
             if not path.exists():
+                self.root.mkdir(parents=True, exist_ok=True)
                 partial = path.with_name(f".{image.sha256}.{os.getpid()}.{threading.get_ident()}")
                 partial.write_bytes(image.data)
                 partial.replace(path)  # atomic: a reader never sees half a file

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-from handlers import RolloutStatus
+from handlers import RolloutStatus, SageMakerTokenPolicy
 from policy_server.adapter_versions import AdapterVersions
 from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
 from policy_server.errors import EngineError, Rejection
@@ -30,7 +30,6 @@ from policy_server.http.images import (
     request_images,
 )
 from policy_server.http.metrics import RequestMetricsMiddleware, ServerMetrics
-from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.image_store import ImageStore, trace_key
 from policy_server.jobs import JobLimits, JobRegistry
 from policy_server.recording import call_record
@@ -203,8 +202,12 @@ class PolicyServer:
             )
         return directory
 
-    async def load_adapter(self, path: str | Path) -> int:
-        """Load a LoRA adapter directory as the next version; new calls use it from now on."""
+    async def load_adapter(self, path: str | Path, version: int | None = None) -> int:
+        """Load a LoRA adapter directory as the next version; new calls use it from now on.
+
+        ``version``: the number to serve it as (the trainer's own, so a resumed run's log and traces
+        name one number per adapter); it must be above every number issued so far.
+        """
         directory = Path(path)
         try:
             is_adapter = (directory / "adapter_config.json").is_file()
@@ -217,8 +220,13 @@ class PolicyServer:
         if self._adapter_lock is None:
             self._adapter_lock = asyncio.Lock()
         async with self._adapter_lock:
+            if version is not None and version <= self._versions.last_issued:
+                raise ValueError(
+                    f"adapter version {version} cannot be served: version {self._versions.last_issued} "
+                    "was already issued, and a version never names two sets of weights"
+                )
             # The number is spent even if loading fails, so a version never names two sets of weights.
-            self._versions.last_issued += 1
+            self._versions.last_issued = version or self._versions.last_issued + 1
             version = self._versions.last_issued
             await self.engine.load_adapter(version, str(directory))
             self._versions.loaded.add(version)

@@ -9,6 +9,12 @@ from pathlib import Path
 
 from trainer.config import ConfigError, load_config
 
+# What a run that never updated its adapter can try next (a sparse reward gives a group equal rewards).
+NO_UPDATE_ADVICE = (
+    "A policy that never earns a reward learns nothing from GRPO: warm-start an adapter on "
+    "demonstrations with `rft sft --data FILE` (its format: docs/sft.md) and set init_adapter to it"
+)
+
 # Flags for the fields people change most; any other field goes through --set.
 _COMMON_FLAGS: list[tuple[str, str, type, str]] = [
     ("--max-steps", "max_steps", int, "training steps"),
@@ -89,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft train: {error}", file=sys.stderr)
         return 1
     if summary.adapter_dir is None:
-        outcome = "no update was applied (every group lacked reward variance or valid rollouts)"
+        outcome = (
+            "no update was applied (every group lacked reward variance or valid rollouts). "
+            f"{NO_UPDATE_ADVICE}"
+        )
     else:
         outcome = f"final adapter v{summary.adapter_version} at {summary.adapter_dir}"
-    print(f"rft train: {summary.steps} steps done in {summary.run_dir}; {outcome}")
+    steps = "1 step" if summary.steps == 1 else f"{summary.steps} steps"
+    print(f"rft train: {steps} done in {summary.run_dir}; {outcome}")
     return 0

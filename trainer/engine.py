@@ -12,6 +12,7 @@ import torch
 
 from policy_server.engines import Engine, VLLMEngine
 from trainer.config import TrainConfig
+from trainer.errors import TrainingError
 from trainer.scale.placement import Placement, cuda_visible_devices
 
 
@@ -61,9 +62,13 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
 
 def model_dir(config: TrainConfig, run_dir: Path) -> Path:
     """The base model: the configured one, else a tiny model built offline in the run directory."""
+    from policy_server.models import LocalModelError, build_tiny_model, local_model_dir
+
     if config.model is not None:
-        return Path(config.model)
-    from policy_server.models import build_tiny_model
+        try:
+            return local_model_dir(config.model)
+        except LocalModelError as error:
+            raise TrainingError(f"model: {error}") from None
 
     target = run_dir / "tiny-model"
     if (target / "config.json").is_file():

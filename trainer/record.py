@@ -20,7 +20,7 @@ from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.outcomes import FailureCounts, mean_agent_metrics
 from trainer.rollouts.producer import PlayedRollout
-from trainer.run import Run
+from trainer.run import Run, logged_stop
 from trainer.update import StepUpdate
 
 log = logging.getLogger(__name__)
@@ -140,9 +140,11 @@ def check_failures(step: int, played: list[PlayedRollout]) -> None:
     if not failures.total:
         return
     if failures.total == len(played):
-        raise TrainingError(
-            f"step {step}: all {len(played)} rollouts failed, so there is nothing to train on: "
-            f"{failures.describe()}. The agents' own logs have the details."
+        raise logged_stop(
+            TrainingError(
+                f"step {step}: all {len(played)} rollouts failed, so there is nothing to train on: "
+                f"{failures.describe().rstrip('.')}. The agents' own logs have the details."
+            )
         )
     log.warning(
         "step %d: %d of %d rollouts failed: %s", step, failures.total, len(played), failures.describe()

@@ -21,7 +21,7 @@ from trainer.learner.checkpoint import LoadedCheckpoint, RunState, latest_checkp
 from trainer.learner.learner import Learner
 from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
 from trainer.ops.prometheus import StepExporter
-from trainer.rollouts.dataset import derived_seed, next_rows, prompts, read_rows
+from trainer.rollouts.dataset import dataset_row_name, derived_seed, next_rows, prompts, read_rows
 from trainer.rollouts.evaluation import EvalResult, evaluate
 from trainer.rollouts.fanout import RolloutRequest
 from trainer.rollouts.outcomes import RolloutOutcome
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 ADAPTERS_KEPT = 2  # the version being served and the one before it (calls may still be using it)
 LOG_FILE = "train.log"
+LOG_HANDLER_NAME = "rftkit-train-log"  # the handler writing LOG_FILE, found by name to write it alone
 
 
 @dataclass
@@ -133,7 +134,7 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
         session.producer,
         max_off_policy_steps=config.max_off_policy_steps,
         max_steps=config.max_steps,
-        make_requests=lambda step, rows: session.train_requests(step, rows),
+        make_requests=session.train_requests,
     )
     return Run(
         config, train_rows, eval_rows, learner, state, resumed_from, metrics, session, pipeline, loaded
@@ -204,14 +205,14 @@ def serve_start_adapter(run: Run) -> None:
         # Oldest first, each version's steps submitted (so pinned) before a newer load retires it.
         for version in sorted({0, *directories}):
             if version > 0:
-                pipeline.served(version, run.session.load_adapter(directories[version]))
+                run.session.load_adapter(directories[version], version)
             steps = [saved for saved in loaded.in_flight if saved["adapter_version"] == version]
             pipeline.resume(steps, run.train_rows)
     elif run.config.init_adapter is not None:
         # The warm-start adapter is version 1: the first evaluation and step sample with it.
         state.adapter_version = 1
         directory = save_version(run.learner, run.run_dir, state.adapter_version, run.adapters_kept)
-        pipeline.served(state.adapter_version, run.session.load_adapter(directory))
+        run.session.load_adapter(directory, state.adapter_version)
 
 
 def evaluate_run(run: Run, step: int) -> EvalResult:
@@ -237,6 +238,7 @@ def evaluate_run(run: Run, step: int) -> EvalResult:
                 # The same seeds at every evaluation: before and after sample with the same random
                 # numbers, so their difference is the policy's, not the dice's.
                 seed=derived_seed(config.seed, "eval", index, generation),
+                row_name=dataset_row_name(config.eval_file, index),
             ),
             play=play,
             success_threshold=config.success_threshold,
@@ -260,10 +262,13 @@ def record_evaluation(run: Run, step: int, result: EvalResult) -> None:
             for cause, count in result.failures.items()
         )
         if not result.scored:
-            raise TrainingError(
-                f"evaluation at step {step}: all {result.failed} rollouts failed: {failures}. "
+            error = TrainingError(
+                f"evaluation at step {step}: all {result.failed} rollouts failed: {failures.rstrip('.')}. "
                 "The agents' own logs have the details."
             )
+            # The step's record is never written, so metrics.jsonl keeps what stopped the run.
+            run.metrics.write_line(step, {"eval": result.as_dict(), "stopped": str(error)})
+            raise logged_stop(error)
         log.warning("eval at step %d: %d rollouts failed: %s", step, result.failed, failures)
     log.info("eval at step %d: success %.3f, mean reward %.4f", step, result.success_rate, result.mean_reward)
 
@@ -284,10 +289,21 @@ def save_version(
 
 def add_log_file(run_dir: Path) -> logging.Handler:
     handler = logging.FileHandler(run_dir / LOG_FILE)
+    handler.set_name(LOG_HANDLER_NAME)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("trainer").addHandler(handler)
     logging.getLogger("trainer").setLevel(logging.INFO)
     return handler
+
+
+def logged_stop(error: TrainingError) -> TrainingError:
+    """``error``, written into ``train.log`` only: `rft train` prints it on the console itself."""
+    trainer_log = logging.getLogger("trainer")
+    record = trainer_log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (error,), None)
+    for handler in trainer_log.handlers:
+        if handler.get_name() == LOG_HANDLER_NAME:
+            handler.handle(record)
+    return error
 
 
 def totals_of(history: list[dict[str, Any]]) -> dict[str, int]:

@@ -18,7 +18,7 @@ from policy_server.http import SageMakerTokenPolicy, start_metrics_server
 from policy_server.workers import serve_gateway
 from trainer.config import PolicyServerConfig, TrainConfig
 from trainer.engine import local_engine
-from trainer.rollouts.dataset import derived_seed
+from trainer.rollouts.dataset import dataset_row_name, derived_seed
 from trainer.rollouts.fanout import Fanout, RolloutRequest
 from trainer.rollouts.producer import PlayedRollout, RolloutProducer
 from trainer.scale.placement import Placement
@@ -112,7 +112,14 @@ class Session:
             self.thread.stop()
 
     def request(
-        self, row: Any, rollout_id: str, group_index: int, *, temperature: float, seed: int
+        self,
+        row: Any,
+        rollout_id: str,
+        group_index: int,
+        *,
+        temperature: float,
+        seed: int,
+        row_name: str | None = None,
     ) -> RolloutRequest:
         params = InferenceParams(
             temperature=temperature,
@@ -128,6 +135,7 @@ class Session:
             endpoint=self.endpoint,
             inference_params=params,
             extras=self.extras,
+            row_name=row_name,
         )
 
     def play(self, requests: list[RolloutRequest]) -> list[PlayedRollout]:
@@ -145,11 +153,12 @@ class Session:
         for rollout in played:
             self.server.release_trace(rollout.trace)
 
-    def load_adapter(self, directory: Path) -> int:
-        return self.thread.run(self.server.load_adapter(directory))
+    def load_adapter(self, directory: Path, version: int) -> int:
+        """Serve ``directory`` as the trainer's adapter ``version`` (the server's number too)."""
+        return self.thread.run(self.server.load_adapter(directory, version))
 
-    def train_requests(self, step: int, rows: list[Any]) -> list[RolloutRequest]:
-        """G rollouts per row, each with a fresh id and its own sampling seed."""
+    def train_requests(self, step: int, picked: list[tuple[int, Any]]) -> list[RolloutRequest]:
+        """G rollouts per (row index, row), each with a fresh id and its own sampling seed."""
         config = self.config
         return [
             self.request(
@@ -158,7 +167,8 @@ class Session:
                 group,
                 temperature=config.temperature,
                 seed=derived_seed(config.seed, "train", step, group, member),
+                row_name=dataset_row_name(config.train_file, index),
             )
-            for group, row in enumerate(rows)
+            for group, (index, row) in enumerate(picked)
             for member in range(config.num_generations)
         ]

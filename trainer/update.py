@@ -78,7 +78,7 @@ def publish(run: Run, step: int, updated: bool) -> float:
     if updated:
         run.state.adapter_version += 1
         directory = save_version(run.learner, run.run_dir, run.state.adapter_version, run.adapters_kept)
-        served = run.session.load_adapter(directory)
-        run.pipeline.served(run.state.adapter_version, served)
-        log.info("step %d: adapter v%d served as version %d", step, run.state.adapter_version, served)
+        version = run.state.adapter_version
+        run.session.load_adapter(directory, version)
+        log.info("step %d: adapter v%d served", step, version)
     return time.monotonic() - started

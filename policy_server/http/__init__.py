@@ -13,11 +13,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "AuthMiddleware": ("policy_server.http.auth", "AuthMiddleware"),
     "ChatCompletionRequest": ("policy_server.http.chat_api", "ChatCompletionRequest"),
     "CompletionIds": ("policy_server.http.chat_replies", "CompletionIds"),
-    "SageMakerTokenPolicy": ("policy_server.http.sigv4_token", "SageMakerTokenPolicy"),
+    "SageMakerTokenPolicy": ("handlers", "SageMakerTokenPolicy"),
     "ServerMetrics": ("policy_server.http.metrics", "ServerMetrics"),
-    "TokenRejected": ("policy_server.http.sigv4_token", "TokenRejected"),
+    "TokenRejected": ("handlers", "TokenRejected"),
     "build_app": ("policy_server.http.app", "build_app"),
-    "check_token": ("policy_server.http.sigv4_token", "check_token"),
+    "check_token": ("handlers", "check_token"),
     "completion_body": ("policy_server.http.chat_replies", "completion_body"),
     "describe_validation_error": ("policy_server.http.chat_api", "describe_validation_error"),
     "error_response": ("policy_server.http.responses", "error_response"),
@@ -25,7 +25,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "normalize_messages": ("policy_server.http.chat_format", "normalize_messages"),
     "parse_model": ("policy_server.http.bodies", "parse_model"),
     "parse_request": ("policy_server.http.chat_api", "parse_request"),
-    "parse_token": ("policy_server.http.sigv4_token", "parse_token"),
+    "parse_token": ("handlers", "parse_token"),
     "parse_tool_calls": ("policy_server.http.chat_format", "parse_tool_calls"),
     "read_body": ("policy_server.http.bodies", "read_body"),
     "refusal": ("policy_server.http.chat_api", "refusal"),
@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 if TYPE_CHECKING:
+    from handlers import SageMakerTokenPolicy, TokenRejected, check_token, parse_token
     from policy_server.http.app import build_app
     from policy_server.http.auth import AuthMiddleware
     from policy_server.http.bodies import parse_model, read_body
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     )
     from policy_server.http.metrics import ServerMetrics, start_metrics_server
     from policy_server.http.responses import error_response
-    from policy_server.http.sigv4_token import SageMakerTokenPolicy, TokenRejected, check_token, parse_token
 
 __all__ = [
     "AuthMiddleware",

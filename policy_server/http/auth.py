@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
+from handlers import JOB_ARN_HEADER, TOKEN_PREFIX, TRAJECTORY_ID_HEADER, SageMakerTokenPolicy
 from policy_server.http.responses import error_response
-from policy_server.http.sigv4_token import SageMakerTokenPolicy
 
 ADMIN_PREFIX = "/admin/"
 
@@ -18,6 +17,15 @@ ADMIN_NOT_SERVED = (
     "Start `rft serve` with --admin-key to serve them to the holder of that key."
 )
 
+
+# An agent on AWS's SageMaker SDK ignores the key and signs with the SDK's tokens: the refusal names
+# the setting that accepts them.
+SAGEMAKER_TOKEN_NOT_ACCEPTED = (
+    "Missing or wrong API key: the bearer sent is a SageMaker token (AWS's SageMaker SDK signs calls "
+    "with them), which this server does not accept: set policy_server.accept_sagemaker_tokens: true "
+    "(`rft serve --accept-sagemaker-tokens`), or send the header 'Authorization: Bearer <key>'."
+)
+_SAGEMAKER_BEARER = f"Bearer {TOKEN_PREFIX}".encode()
 
 _JOB_ARN = JOB_ARN_HEADER.lower().encode()
 _TRAJECTORY_ID = TRAJECTORY_ID_HEADER.lower().encode()
@@ -90,6 +98,8 @@ class AuthMiddleware:
             return None
         key_refusal = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
         if self.sagemaker_tokens is None:
+            if given.startswith(_SAGEMAKER_BEARER):
+                return 401, SAGEMAKER_TOKEN_NOT_ACCEPTED
             return 401, key_refusal
         # The agents' routes also take the bearer tokens AWS's SageMaker SDK signs (checked offline).
         token_refusal = self.sagemaker_tokens.refusal(given.decode("latin-1"))

@@ -11,6 +11,7 @@ from handlers import lazy_attributes
 # name -> (module, attribute): imported on first use, so importing this package stays light.
 _LAZY: dict[str, tuple[str, str]] = {
     "ChatTemplateError": ("policy_server.models.chat_templates", "ChatTemplateError"),
+    "LocalModelError": ("policy_server.models.local", "LocalModelError"),
     "ModelBuildError": ("policy_server.models.smollm2", "ModelBuildError"),
     "SHIPPED": ("policy_server.models.chat_templates", "SHIPPED"),
     "TINY_CHAT_TEMPLATE": ("policy_server.models.tiny", "CHAT_TEMPLATE"),
@@ -26,6 +27,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "chat_template_path": ("policy_server.models.chat_templates", "chat_template_path"),
     "chat_template_text": ("policy_server.models.chat_templates", "chat_template_text"),
     "is_vision_model": ("policy_server.models.vision_inputs", "is_vision_model"),
+    "local_model_dir": ("policy_server.models.local", "local_model_dir"),
     "load_model": ("policy_server.models.vision_inputs", "load_model"),
     "load_tokenizer": ("policy_server.models.chat_templates", "load_tokenizer"),
     "position_ids": ("policy_server.models.vision_inputs", "position_ids"),
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
         chat_template_text,
         load_tokenizer,
     )
+    from policy_server.models.local import LocalModelError, local_model_dir
     from policy_server.models.smollm2 import ModelBuildError, build_smollm2, cached_smollm2
     from policy_server.models.tiny import (
         CHAT_TEMPLATE as TINY_CHAT_TEMPLATE,
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChatTemplateError",
+    "LocalModelError",
     "MRope",
     "ModelBuildError",
     "SHIPPED",
@@ -78,6 +82,7 @@ __all__ = [
     "is_vision_model",
     "load_model",
     "load_tokenizer",
+    "local_model_dir",
     "position_ids",
 ]
 

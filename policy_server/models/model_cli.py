@@ -88,8 +88,12 @@ def tiny_model_main(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     kinds = "tiny, tiny-vision, smollm2"
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: rft model {{{kinds.replace(', ', ',')}}} DIR [OPTIONS]\n\n{__doc__}")
+    usage = f"usage: rft model {{{kinds.replace(', ', ',')}}} DIR [OPTIONS]"
+    if not argv:
+        print(f"{usage}\nrft model: name the model to write: {kinds}", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(f"{usage}\n\n{__doc__}")
         return 0
     kind, rest = argv[0], argv[1:]
     if kind == "tiny":

@@ -24,10 +24,10 @@ from handlers import (
     KEEP_ALIVE_S,
     MAX_CONNECTIONS,
     QuietShutdown,
+    SageMakerTokenPolicy,
     protocol_with_header_timeout,
 )
 from policy_server.engines.vllm import VLLMEngine
-from policy_server.http.sigv4_token import SageMakerTokenPolicy
 from policy_server.server import PolicyServer
 from policy_server.workers.remote_state import RemoteRegistry, RemoteVersions
 from policy_server.workers.state_link import StateClient
@@ -74,9 +74,9 @@ class WorkerPolicyServer(PolicyServer):
     def loaded_adapter_versions(self) -> tuple[int, ...]:
         return tuple(self.link.call("loaded_versions"))
 
-    async def load_adapter(self, path: str | Path) -> int:
+    async def load_adapter(self, path: str | Path, version: int | None = None) -> int:
         """Load an adapter through the state process, which numbers versions for every worker."""
-        return int(await asyncio.to_thread(self._admin_link.call, "load_adapter", str(path)))
+        return int(await asyncio.to_thread(self._admin_link.call, "load_adapter", str(path), version))
 
 
 def worker_server(settings: WorkerSettings) -> WorkerPolicyServer:

@@ -16,14 +16,14 @@ from botocore.auth import SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from policy_server import PolicyServer
-from policy_server.engines.hf import HFEngine
-from policy_server.http.sigv4_token import (
+from handlers.sagemaker_tokens import (
     SageMakerTokenPolicy,
     TokenRejected,
     check_token,
     parse_token,
 )
+from policy_server import PolicyServer
+from policy_server.engines.hf import HFEngine
 
 KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -109,3 +109,20 @@ def test_the_gateway_takes_fresh_tokens_on_agent_routes_and_keeps_admin_behind_i
     admin = _get(server.app, "/admin/counters?job_arn=x", f"Bearer {fresh}")
     assert admin.status_code == 401 and "Missing or wrong admin key" in admin.text
     assert _get(server.app, "/admin/counters?job_arn=x", "Bearer admin-key").status_code != 401
+
+
+def test_a_sagemaker_token_sent_to_a_gateway_that_does_not_take_them_is_told_the_setting(
+    tiny_model_dir: Path,
+) -> None:
+    server = PolicyServer(HFEngine(tiny_model_dir), api_key="agents-key")
+    fresh = sign(at=datetime.now(UTC).replace(microsecond=0))
+
+    refused = _get(server.app, "/v1/models", f"Bearer {fresh}")
+    assert refused.status_code == 401
+    assert "the bearer sent is a SageMaker token" in refused.text
+    assert "policy_server.accept_sagemaker_tokens: true" in refused.text
+    assert "`rft serve --accept-sagemaker-tokens`" in refused.text
+    # Any other wrong bearer gets the key's sentence alone, ending in one period.
+    wrong = _get(server.app, "/v1/models", "Bearer not-the-key")
+    assert wrong.status_code == 401 and "accept_sagemaker_tokens" not in wrong.text
+    assert wrong.json()["error"]["message"].endswith("'Authorization: Bearer <key>'.")

@@ -39,6 +39,7 @@ def test_an_agent_swallowing_its_401s_fails_every_rollout_by_cause_with_the_refu
     console = capsys.readouterr().err
     assert "step 1: all 8 rollouts failed" in console and "model_calls_refused x8" in console
     assert KEY_REFUSAL in console
+    assert ".." not in console  # the refusal's own period is not doubled by the sentence after it
     record = _record(tmp_path / "run")
     assert record["rollouts"]["failed"] == 8 and record["failures"]["model_calls_refused"] == 8
     assert KEY_REFUSAL in record["failure_errors"]["model_calls_refused"]

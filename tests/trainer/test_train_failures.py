@@ -4,6 +4,7 @@ rollouts all fail, which must stop with the agents' error text instead of finish
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from trainer import cli
 from trainer.config import load_config
 from trainer.errors import TrainingError
 from trainer.loop import train
+from trainer.ops import status
 
 
 def _service_rows(count: int) -> str:
@@ -72,9 +74,17 @@ def test_a_run_whose_rollouts_all_fail_stops_at_once_with_the_error_text(
     run = tmp_path / "run"
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert record["rollouts"]["failed"] == 8 and record["failures"]["agent_error"] == 8
-    assert record["failure_errors"] == {"agent_error": f"HTTP 500: RuntimeError: {message}"}
+    # The failure names the dataset row it played, in the record and on the console.
+    (error,) = record["failure_errors"].values()
+    assert re.fullmatch(rf"HTTP 500: RuntimeError: {message} \(train\.jsonl row \d+\)", error), error
+    assert error in console
     log = (run / "train.log").read_text()
     assert f"HTTP 500: RuntimeError: {message}" in log
+    # The line that stops the run reaches the run's log too, once, and once on the console.
+    assert log.count("step 1: all 8 rollouts failed, so there is nothing to train on") == 1
+    assert console.count("step 1: all 8 rollouts failed") == 1
+    # A text run leaves no empty images/ directory behind.
+    assert not (run / "images").exists()
     # Both groups say why they give no gradient, with the text, not "0 valid rollout(s) of 0".
     assert log.count("only 0 valid rollout(s) of 4 (agent_error x4, first: HTTP 500: ") == 2
     assert not (run / "checkpoints").exists()
@@ -87,6 +97,20 @@ def test_an_evaluation_whose_rollouts_all_fail_stops_the_run_before_training(
         config = load_config(write_run_files(tmp_path, tiny_model_dir, agent_url))
         with pytest.raises(
             TrainingError, match=r"evaluation at step 0: all 2 rollouts failed: agent_error x2"
-        ):
+        ) as stopped:
             train(config)
-    assert not (config.output_dir / "metrics.jsonl").exists()
+    # What the evaluation recorded stays in metrics.jsonl, as strict JSON (no bare NaN).
+    lines = (config.output_dir / "metrics.jsonl").read_text().splitlines()
+    (record,) = [json.loads(line, parse_constant=_refuse_constant) for line in lines]
+    assert record["step"] == 0 and record["stopped"] == str(stopped.value)
+    assert record["eval"]["failed"] == 2 and record["eval"]["failures"] == {"agent_error": 2}
+    assert record["eval"]["mean_reward"] is None
+    assert "(eval.jsonl row 1)" in record["eval"]["failure_errors"]["agent_error"]
+    assert str(stopped.value) in (config.output_dir / "train.log").read_text()
+    assert status.render(status.read_status(config.output_dir)) == (
+        f"the run stopped at step 0: {stopped.value}"
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise AssertionError(f"metrics.jsonl holds a bare {name}, which strict JSON readers refuse")

@@ -81,6 +81,23 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = value
 
 
+# Names other tools (peft, TRL, vLLM) or habit give a field, which spelling does not find: the hint
+# names the field when the section holds it.
+ALIASES: dict[str, str] = {
+    "rank": "r",
+    "lora_rank": "r",
+    "lora_r": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "lr": "learning_rate",
+    "kl_coef": "beta",
+    "group_size": "num_generations",
+    "max_new_tokens": "max_completion_length",
+    "base_url": "attach_url",
+    "vllm_python": "python",
+}
+
+
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
@@ -110,5 +127,9 @@ def _suggestion(location: tuple[int | str, ...]) -> str:
         if section is None:
             return ""
         model = section
-    close = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1)
+    name = str(location[-1])
+    alias = ALIASES.get(name)
+    if alias in model.model_fields:
+        return f" (did you mean {alias!r}?)"
+    close = difflib.get_close_matches(name, list(model.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -36,8 +36,8 @@ class TrainConfig(_Section):
     model: str | None = Field(
         default=None,
         description="Base model: a local directory in transformers format (relative to the config "
-        "file when it exists there) or a hub id the engine can load; unset: a tiny model built "
-        "offline in the run directory (demos and tests).",
+        "file when it exists there; never a hub id: rftkit downloads nothing); unset: a tiny model "
+        "built offline in the run directory (demos and tests).",
     )
     init_adapter: ConfigPath | None = Field(
         default=None,

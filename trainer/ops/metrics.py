@@ -106,13 +106,18 @@ class MetricsLogger:
 
     def log_step(self, step: int, record: dict[str, Any]) -> None:
         """Append ``record`` (plus the step and a timestamp) to the JSONL; numbers go to MLflow."""
-        line = {"step": step, "time": time.time(), **record}
-        with open(self.jsonl_path, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        self.write_line(step, record)
         if self._client is not None:
             self._log_mlflow(step, record)
         for sink in self.sinks:
             sink(step, record)
+
+    def write_line(self, step: int, record: dict[str, Any]) -> None:
+        """Append ``record`` (plus the step and a timestamp) to the JSONL only, as strict JSON: a NaN or
+        infinite number is written null (JavaScript's and jq's parsers refuse bare NaN)."""
+        line = strict_json({"step": step, "time": time.time(), **record})
+        with open(self.jsonl_path, "a") as handle:
+            handle.write(json.dumps(line, allow_nan=False) + "\n")
 
     def _log_mlflow(self, step: int, record: dict[str, Any]) -> None:
         from mlflow.entities import Metric
@@ -140,6 +145,17 @@ class MetricsLogger:
         if self._client is None:
             return
         self._client.set_terminated(self.mlflow_run_id, status="FAILED" if failed else "FINISHED")
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -10,11 +10,12 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
 
@@ -59,6 +60,9 @@ def last_checkpoint(run_dir: Path) -> Path | None:
 
 def read_status(run_dir: Path) -> RunStatus:
     metrics = run_dir / METRICS_FILE
+    if not metrics.is_file() and (run_dir / LOG_FILE).is_file():
+        # A run writes its log at once and its first record after the first step.
+        return RunStatus(run_dir, [], None, None)
     if not metrics.is_file():
         raise FileNotFoundError(
             f"{run_dir} holds no {METRICS_FILE}: name a run's output_dir (the directory `rft train` "
@@ -149,14 +153,24 @@ def summary(status: RunStatus, now: float) -> list[str]:
 
 def render(status: RunStatus, last: int = 0, now: float | None = None) -> str:
     """The table of the last ``last`` steps (0: all) over the summary of the whole run."""
-    if not status.records:
-        return f"{status.run_dir}: no step finished yet"
+    stopped = [record for record in status.records if record.get("stopped")]
+    steps = [record for record in status.records if not record.get("stopped")]
+    ending = [f"the run stopped at step {record['step']}: {record['stopped']}" for record in stopped[-1:]]
+    if not steps:
+        return "\n".join(
+            ending
+            or [
+                f"{status.run_dir}: the run is in its first evaluation or step (no step finished yet); "
+                f"its log so far: {status.run_dir / LOG_FILE}"
+            ]
+        )
+    status = replace(status, records=steps)
     now = time.time() if now is None else now
     shown = status.records[-last:] if last > 0 else status.records
     lines = [f"run: {status.run_dir}", ""]
     if len(shown) < len(status.records):
         lines.append(f"(the last {len(shown)} of {len(status.records)} steps; --last 0 shows all)")
-    return "\n".join([*lines, step_table(shown), "", *summary(status, now)])
+    return "\n".join([*lines, step_table(shown), "", *summary(status, now), *ending])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,11 @@ def derived_seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def dataset_row_name(path: Path | None, index: int) -> str:
+    """How a failure names the row it played: the file and the row's number (blank lines not counted)."""
+    return f"{path.name if path is not None else 'data'} row {index + 1}"
+
+
 def read_rows(path: Path) -> list[Any]:
     """JSONL rows as they are (``select_prompts`` picks what of each goes to the agent)."""
     if not path.is_file():

@@ -61,6 +61,7 @@ class RolloutRequest:
     endpoint: str
     inference_params: InferenceParams | None = None
     extras: RftkitExtras | None = None
+    row_name: str | None = None  # which dataset row this is, named in a failure's text
 
     def payload(self) -> RolloutPayload:
         """The wire payload (the row goes to ``prompt`` as it is)."""
@@ -219,6 +220,7 @@ class Fanout:
         return RolloutOutcome(
             rollout_id=request.rollout_id,
             group_index=request.group_index,
+            row_name=request.row_name,
             status="ok",
             rewards=answer.rewards,
             reward=aggregate_rewards(answer.rewards, self.reward_aggregation),
@@ -240,6 +242,7 @@ class Fanout:
         return RolloutOutcome(
             rollout_id=request.rollout_id,
             group_index=request.group_index,
+            row_name=request.row_name,
             status="failed",
             cause=cause,
             error=error,

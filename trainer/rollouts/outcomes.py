@@ -33,6 +33,7 @@ class RolloutOutcome:
     attempts: int = 0
     latency_s: float = 0.0
     target: str | None = None
+    row_name: str | None = None  # the dataset row it played ("train.jsonl row 3"), for failure texts
 
     @property
     def ok(self) -> bool:
@@ -61,6 +62,8 @@ class FailureCounts:
             if outcome.cause is not None:
                 self.counts[outcome.cause] += 1
                 text = (outcome.error or "(no error text)")[:ERROR_TEXT_CHARS]
+                if outcome.row_name:
+                    text = f"{text} ({outcome.row_name})"
                 self.first_errors.setdefault(outcome.cause, text)
 
     @property

@@ -31,7 +31,8 @@ from trainer.rollouts.producer import PlayedRollout, RolloutProducer, StepRollou
 log = logging.getLogger(__name__)
 
 # Builds a step's requests (G per row, their seeds) from the step and its rows.
-RequestFactory = Callable[[int, list[Any]], list[RolloutRequest]]
+# Makes a step's requests from its (row index, row) pairs.
+RequestFactory = Callable[[int, list[tuple[int, Any]]], list[RolloutRequest]]
 # Picks the next rows: (row index, row) pairs.
 RowPicker = Callable[[], list[tuple[int, Any]]]
 
@@ -53,13 +54,6 @@ class RolloutPipeline:
         self.make_requests = make_requests
         self.pending: dict[int, StepRollouts] = {}
         self.submitted_up_to = 0
-        # The trainer's adapter versions and the policy server's numbers for them (they differ once
-        # a run resumes: the server numbers its loads from 1 again).
-        self.server_versions: dict[int, int] = {0: 0}
-
-    def served(self, adapter_version: int, server_version: int) -> None:
-        """Record that the trainer's ``adapter_version`` is the server's ``server_version``."""
-        self.server_versions[adapter_version] = server_version
 
     def fill(self, step: int, adapter_version: int, pick_rows: RowPicker) -> None:
         """Called when the learner is about to train ``step``, holding ``adapter_version``: submit
@@ -68,7 +62,7 @@ class RolloutPipeline:
         while self.submitted_up_to < min(step + self.k, self.max_steps):
             target = self.submitted_up_to + 1
             picked = pick_rows()
-            requests = self.make_requests(target, [row for _, row in picked])
+            requests = self.make_requests(target, picked)
             rollouts = StepRollouts(
                 target, adapter_version, [index for index, _ in picked], requests, [None] * len(requests)
             )
@@ -84,7 +78,7 @@ class RolloutPipeline:
     def _submit(self, rollouts: StepRollouts) -> None:
         log.info("step %d: rollouts started (adapter v%d)", rollouts.step, rollouts.adapter_version)
         self.pending[rollouts.step] = rollouts
-        self.producer.submit(rollouts, self.server_versions[rollouts.adapter_version])
+        self.producer.submit(rollouts, rollouts.adapter_version)
 
     @staticmethod
     def staleness(rollouts: StepRollouts, learner_version: int) -> dict[str, float]:
@@ -129,7 +123,7 @@ class RolloutPipeline:
         were, the others played again (same rows, seeds and adapter version)."""
         for saved in snapshot:
             step, indices = saved["step"], saved["row_indices"]
-            requests = self.make_requests(step, [rows[index] for index in indices])
+            requests = self.make_requests(step, [(index, rows[index]) for index in indices])
             played: list[PlayedRollout | None] = [None] * len(requests)
             for key, kept in saved["finished"].items():
                 request = requests[int(key)]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from policy_server.models import local_model_dir
 from trainer.sft.common import DEFAULT_TARGET_MODULES, DemonstrationError, load_demonstrations
 from trainer.sft.text import run_sft
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
     """Train and save a warm-start adapter on ``demonstrations(args)``; prints the loss as it goes."""
     try:
+        local_model_dir(args.model)
         examples = demonstrations(args)
         every = max(1, args.steps // 10)
 
