@@ -23,8 +23,9 @@ from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import RayConfig, TrainConfig, load_config
 from trainer.errors import TrainingError
-from trainer.learner.distributed import ACTOR_PREFIX, RayLearner, train_with_auto_resume
+from trainer.learner.distributed import ACTOR_PREFIX, RayLearner, alive_node_resources, train_with_auto_resume
 from trainer.learner.learner import Learner
+from trainer.learner.worker_devices import worker_devices
 from trainer.loop import train
 from trainer.run import LOG_FILE, RunSummary
 from trainer.scale.ray_cluster import ray_cluster as ray_cluster_of
@@ -79,6 +80,16 @@ def _sequences(learner: Learner, count: int) -> list[TrainingSequence]:
             )
         )
     return sequences
+
+
+def test_the_local_clusters_nodes_decide_the_workers_devices(ray_cluster: None) -> None:
+    nodes = alive_node_resources()
+    assert len(nodes) == 1 and nodes[0]["CPU"] >= 1  # this machine
+    chosen = worker_devices(TrainConfig.model_validate({"ray": {"learner_workers": 2}}), nodes)
+    if nodes[0].get("GPU", 0) == 0:
+        assert (chosen.gpus_each, chosen.device, chosen.dtype) == (0, "cpu", "float32")
+    else:
+        assert (chosen.gpus_each, chosen.device, chosen.dtype) == (1, "cuda", "bfloat16")
 
 
 def _two_steps(learner: Learner | RayLearner, sequences: list[TrainingSequence]) -> list[dict[str, float]]:

@@ -38,6 +38,7 @@ from trainer.algo.sequences import TrainingSequence
 from trainer.errors import TrainingError
 from trainer.learner.learner import Learner
 from trainer.learner.steps import GradientSums, StepResult
+from trainer.learner.worker_devices import worker_devices
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -103,12 +104,19 @@ def _all_reduce_sum(parameters: Sequence[torch.Tensor]) -> None:
 
 
 def worker_device(learner_device: str) -> str:
-    """The device of a learner worker whose driver placed the learner on ``learner_device``.
+    """The torch device of a learner worker chosen to train on ``learner_device`` (a CUDA device or not).
 
     Ray gives each CUDA worker one GPU of its own (CUDA_VISIBLE_DEVICES), so its first device,
     ``cuda:0``: with an index, which ``torch.cuda.set_device`` needs (it refuses a bare ``cuda``).
     """
     return "cuda:0" if learner_device.startswith("cuda") else "cpu"
+
+
+def alive_node_resources() -> list[dict[str, float]]:
+    """The resources (``GPU``, ``CPU``, custom ones) of every alive node of the connected Ray cluster."""
+    import ray
+
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
 
 
 def to_cpu(value: Any) -> Any:
@@ -211,8 +219,13 @@ class RayLearner:
         if settings is None:
             raise ValueError("RayLearner needs the config's ray section")
         placement = placement or place(config, node_for(config, detect_gpus()))
-        cuda = placement.learner_device.startswith("cuda")
-        placed = dataclasses.replace(placement, learner_device=worker_device(placement.learner_device))
+        # The workers' device comes from the cluster's nodes: the driver may sit on a GPU-less head.
+        chosen = worker_devices(config, alive_node_resources())
+        (log.warning if chosen.short_of_gpus else log.info)("%s", chosen.reason)
+        cuda = chosen.device == "cuda"
+        placed = dataclasses.replace(
+            placement, learner_device=worker_device(chosen.device), learner_dtype=chosen.dtype
+        )
         self.id = uuid.uuid4().hex[:8]
         world = settings.learner_workers
         self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]
@@ -221,7 +234,7 @@ class RayLearner:
             actor.options(
                 name=name,
                 num_cpus=settings.learner_num_cpus,
-                num_gpus=1 if cuda else 0,
+                num_gpus=chosen.gpus_each,
                 resources=settings.learner_resources,
                 max_restarts=0,
             ).remote(str(model_dir), config, placed, rank, world)
