@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -100,11 +101,12 @@ def test_failed_rollouts_are_dropped_and_counted_by_cause(tiny_model_dir: Path, 
     (record,) = [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert record["rollouts"] == {**record["rollouts"], "total": 8, "ok": 4, "failed": 4}
     assert {cause: n for cause, n in record["failures"].items() if n} == {"agent_error": 2, "timeout": 2}
-    # Each cause with the first error text it came with.
-    assert record["failure_errors"] == {
-        "agent_error": "HTTP 500: RuntimeError: the environment crashed",
-        "timeout": f"no answer within {timeout_s:g} s",
-    }
+    # Each cause with the first error text it came with and the dataset row that rollout played.
+    errors = record["failure_errors"]
+    assert set(errors) == {"agent_error", "timeout"}
+    row = r" \(train\.jsonl row [1-4]\)"
+    assert re.fullmatch(r"HTTP 500: RuntimeError: the environment crashed" + row, errors["agent_error"])
+    assert re.fullmatch(rf"no answer within {timeout_s:g} s" + row, errors["timeout"])
     # Only the two good rollouts of each group train; the timed-out one's recorded call does not.
     assert record["groups"] == {"total": 2, "dropped": 0}
     assert record["update"]["applied"] is True and record["update"]["sequences"] <= 8
