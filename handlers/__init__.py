@@ -34,6 +34,8 @@ _LAZY: dict[str, str] = {
         ],
         "handlers.protocol",
     ),
+    # child processes that end with their parent
+    "tied_popen": "handlers.processes",
     # writing an agent
     "rft_app": "handlers.decorator",
     "rft_handler": "handlers.decorator",
@@ -107,6 +109,7 @@ if TYPE_CHECKING:
     from handlers.episode_errors import ends_episode, refused_by_endpoint
     from handlers.lazy import lazy_attributes
     from handlers.loop_thread import LoopThread
+    from handlers.processes import tied_popen
     from handlers.protocol import (
         CHAT_COMPLETIONS_PATH,
         COMPLETE_ROLLOUT_PATH,
@@ -147,6 +150,7 @@ if TYPE_CHECKING:
     from handlers.urls import http_url
 
 __all__ = [
+    "tied_popen",
     "AgentAnswer",
     "CHAT_COMPLETIONS_PATH",
     "COMPLETE_ROLLOUT_PATH",

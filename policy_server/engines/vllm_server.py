@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from handlers import tied_popen
 from policy_server.http.images import ImageLimits
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
@@ -165,8 +166,9 @@ class VLLMLauncher:
         env.update(self.command_env())
         log = tempfile.NamedTemporaryFile(prefix="rftkit-vllm-", suffix=".log", delete=False)
         self._log_path = Path(log.name)
-        self._process = subprocess.Popen(
-            self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        # Under the lifeline: vLLM's own helpers (engine core, workers) end with the trainer too.
+        self._process = tied_popen(
+            self.command(port), group=True, stdout=log, stderr=subprocess.STDOUT, env=env
         )
         log.close()
 

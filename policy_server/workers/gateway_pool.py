@@ -35,7 +35,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from handlers import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, LoopThread
+from handlers import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, LoopThread, tied_popen
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.jobs import CallTicket
 from policy_server.running import ServerThread, exposure_warning
@@ -301,7 +301,8 @@ class GatewayPool:
         worker.log = self._path(f"worker-{worker.index}.log")
         env = dict(os.environ, **{WORKER_ENV: self._settings(worker).model_dump_json()})
         with open(worker.log, "ab") as log:
-            worker.process = subprocess.Popen(
+            # Tied to this process, so a trainer that is SIGKILLed leaves no worker holding the port.
+            worker.process = tied_popen(
                 [sys.executable, "-m", "policy_server.workers.gateway_worker"],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from handlers import tied_popen
+
 START_TIMEOUT_S = 300.0  # how long the agent may take to answer /ping before the demo gives up
-
-
-def _death_signal() -> Callable[[], None] | None:
-    """What the agent's process runs before it starts, on Linux: ask the kernel for SIGTERM when the
-    demo's process ends, however it ends (stopped by SIGTERM or SIGKILL the demo never reaches its
-    ``finally``, and the agent would keep serving). Built here, so the child only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import signal
-
-    prctl = ctypes.CDLL(None).prctl
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @contextmanager
@@ -43,7 +31,8 @@ def serve_agent() -> Iterator[str]:
         "logging.getLogger('bedrock_agentcore.app').setLevel(logging.WARNING); "
         f"app.run(port={port}, host='127.0.0.1', log_level='warning')"
     )
-    process = subprocess.Popen([sys.executable, "-c", launch], preexec_fn=_death_signal())
+    # Tied to the demo's process: stopped by SIGTERM or SIGKILL, the demo never reaches its `finally`.
+    process = tied_popen([sys.executable, "-c", launch])
     url = f"http://127.0.0.1:{port}"
     try:
         # Only bounds a hang: importing the app takes seconds idle, far longer on a loaded machine.
