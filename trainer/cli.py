@@ -74,7 +74,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv_list = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv_list)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from trainer.errors import TrainingError
     from trainer.loop import train
+    from trainer.ops.preemption import RunPreempted, interrupted_message, resume_command
     from trainer.scale.placement import PlacementError
     from trainer.scale.plan import PlanError
 
@@ -94,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingError, PlanError, PlacementError) as error:
         print(f"rft train: {error}", file=sys.stderr)
         return 1
+    except RunPreempted as stopped:
+        print(f"rft train: {stopped}; resume with `{resume_command(argv_list)}`", file=sys.stderr)
+        return 0
+    except KeyboardInterrupt:
+        print(interrupted_message(argv_list, config.output_dir / "checkpoints"), file=sys.stderr)
+        return 130
     if summary.adapter_dir is None:
         outcome = (
             "no update was applied (every group lacked reward variance or valid rollouts). "

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import wait
+from pathlib import Path
 from typing import Any
 
 from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
 from trainer.fidelity import check_fidelity
-from trainer.learner.checkpoint import save_checkpoint
+from trainer.learner.checkpoint import checkpoint_name, save_checkpoint
+from trainer.ops.preemption import Preemption, RunPreempted
 from trainer.record import Sampled, check_failures, step_record
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.pipeline import adapter_dirs
@@ -52,26 +55,32 @@ def train(
     """Run GRPO as ``config`` says; with ``resume``, continue from the newest checkpoint.
 
     The run's log also goes to ``output_dir/train.log``. ``on_evaluation``: see ``EvaluationHook``.
+    SIGTERM stops the run at its next safe point with a checkpoint and raises :class:`RunPreempted`
+    (``faults`` section; :mod:`trainer.ops.preemption`).
     """
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = add_log_file(config.output_dir)
+    preemption = Preemption(config.faults, config.output_dir / "checkpoints").install()
     try:
         if config.ray is None:
-            return _train(config, resume, on_evaluation)
+            return _train(config, resume, on_evaluation, preemption)
         # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
         from trainer.learner.distributed import train_with_auto_resume
         from trainer.scale.ray_cluster import ray_cluster
 
         with ray_cluster(config.ray):
             return train_with_auto_resume(
-                config, resume, lambda config, resume: _train(config, resume, on_evaluation)
+                config, resume, lambda config, resume: _train(config, resume, on_evaluation, preemption)
             )
     finally:
+        preemption.restore()
         logging.getLogger("trainer").removeHandler(log_handler)
         log_handler.close()
 
 
-def _train(config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | None) -> RunSummary:
+def _train(
+    config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | None, preemption: Preemption
+) -> RunSummary:
     run = open_run(config, resume)
     run.on_evaluation = on_evaluation
     failed = True
@@ -81,14 +90,7 @@ def _train(config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | No
         if run.eval_rows and config.eval_on_start and not run.state.evaluations:
             evaluate_run(run, 0)
         run.totals = totals_of(run.state.history)
-        progress = _progress(config.max_steps, run.state.step)
-        for step in range(run.state.step + 1, config.max_steps + 1):
-            record = run_step(run, step)
-            progress.update(1)
-            progress.set_postfix(
-                reward=f"{record['reward_mean']:.3f}", groups_dropped=record["groups"]["dropped"]
-            )
-        progress.close()
+        _run_steps(run, preemption)
         summary = finish(run)
         failed = False
         return summary
@@ -99,11 +101,46 @@ def _train(config: TrainConfig, resume: bool, on_evaluation: EvaluationHook | No
             run.metrics.close(failed=failed)
 
 
-def run_step(run: Run, step: int) -> dict[str, Any]:
+def _run_steps(run: Run, preemption: Preemption) -> None:
+    """The steps from where the run stands to the last; after a SIGTERM, up to the next safe point."""
+    config = run.config
+    # As a context manager the bar ends its line whatever ends the loop, so a message printed after
+    # a Ctrl-C or a SIGTERM starts a line of its own.
+    with _progress(config.max_steps, run.state.step) as progress:
+        for step in range(run.state.step + 1, config.max_steps + 1):
+            try:
+                record = run_step(run, step, preemption)
+            except _StepAbandoned:
+                raise _stopped(run, abandoned=True) from None
+            progress.update(1)
+            progress.set_postfix(
+                reward=f"{record['reward_mean']:.3f}", groups_dropped=record["groups"]["dropped"]
+            )
+            if preemption.requested and step < config.max_steps:
+                raise _stopped(run, abandoned=False)
+
+
+class _StepAbandoned(Exception):
+    """SIGTERM with ``faults.on_sigterm: abandon_step`` while the step's rollouts were playing."""
+
+
+def _stopped(run: Run, *, abandoned: bool) -> RunPreempted:
+    """The checkpoint a SIGTERM asks for (the one just saved after a step, or a new one holding the
+    steps in flight), as the exception that ends the run."""
+    if abandoned or not _checkpoint_due(run, run.state.step):
+        checkpoint = _save_checkpoint(run)
+    else:
+        checkpoint = run.checkpoint_dir / checkpoint_name(run.state.step)
+    stopped = RunPreempted(checkpoint, run.state.step + 1 if abandoned else run.state.step, abandoned)
+    log.warning("SIGTERM: %s", stopped)
+    return stopped
+
+
+def run_step(run: Run, step: int, preemption: Preemption | None = None) -> dict[str, Any]:
     """One GRPO step: sample -> group -> advantages -> update -> publish; then maybe an evaluation,
     the step's record and a checkpoint."""
     started = time.monotonic()
-    sampled = sample(run, step)
+    sampled = sample(run, step, preemption)
     batch = group_rollouts(sampled.played, sampled.num_groups)
     assign_advantages(run.config, batch)
     update = update_policy(run, step, batch)
@@ -126,14 +163,20 @@ def run_step(run: Run, step: int) -> dict[str, Any]:
     return record
 
 
-def sample(run: Run, step: int) -> Sampled:
+def sample(run: Run, step: int, preemption: Preemption | None = None) -> Sampled:
     """The step's rollouts, played to the end.
 
     The rollouts of the next max_off_policy_steps steps are submitted first
-    (:mod:`trainer.rollouts.pipeline`), so they play while this step's update runs.
+    (:mod:`trainer.rollouts.pipeline`), so they play while this step's update runs. A SIGTERM that
+    says abandon stops the wait (:class:`_StepAbandoned`); the step stays in flight for the checkpoint.
     """
     started = time.monotonic()
     run.pipeline.fill(step, run.state.adapter_version, run.pick_rows)
+    future = run.pipeline.pending[step].future
+    while preemption is not None and future is not None and not future.done():
+        if preemption.abandon:
+            raise _StepAbandoned(step)
+        wait([future], timeout=0.1)  # short, so the signal handler's flag is seen promptly
     rollouts = run.pipeline.take(step)
     played = rollouts.wait()
     wait_s = time.monotonic() - started
@@ -151,19 +194,28 @@ def _evaluate_if_due(run: Run, step: int) -> EvalResult | None:
     return None
 
 
-def _checkpoint_if_due(run: Run, step: int) -> None:
+def _checkpoint_due(run: Run, step: int) -> bool:
     """A checkpoint every save_steps steps and after the last one."""
-    config = run.config
-    if step % config.save_steps == 0 or step == config.max_steps:
-        save_checkpoint(
-            run.checkpoint_dir,
-            run.state,
-            run.learner,
-            keep=config.save_total_limit,
-            in_flight=run.pipeline.snapshot(),
-            pinned_adapters=adapter_dirs(run.run_dir, run.pipeline.pinned_versions()),
-        )
-        log.info("step %d: checkpoint saved", step)
+    return step % run.config.save_steps == 0 or step == run.config.max_steps
+
+
+def _checkpoint_if_due(run: Run, step: int) -> None:
+    if _checkpoint_due(run, step):
+        _save_checkpoint(run)
+
+
+def _save_checkpoint(run: Run) -> Path:
+    """The run as it stands after ``run.state.step``, with the steps in flight and their adapters."""
+    path = save_checkpoint(
+        run.checkpoint_dir,
+        run.state,
+        run.learner,
+        keep=run.config.save_total_limit,
+        in_flight=run.pipeline.snapshot(),
+        pinned_adapters=adapter_dirs(run.run_dir, run.pipeline.pinned_versions()),
+    )
+    log.info("step %d: checkpoint saved", run.state.step)
+    return path
 
 
 def _progress(total: int, done: int) -> Any:

@@ -1,4 +1,5 @@
-"""A run SIGKILLed in the middle of step 2 and resumed ends with the same adapter, bit for bit."""
+"""A run stopped in the middle of step 2 (SIGKILL, SIGTERM, Ctrl-C) and resumed ends with the adapter an
+uninterrupted run ends with, bit for bit; what the user sees; no process the run started outlives it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,13 +21,29 @@ from safetensors.torch import load_file
 
 from agents.letters.main import app
 from agents.letters.run_files import serving, write_run_files
+from tests.process_tree import alive, descendants
 from trainer.cli import main as cli_main
 from trainer.config import load_config
+from trainer.config.faults import FaultsConfig
 from trainer.learner.checkpoint import latest_checkpoint
 from trainer.loop import train
-from trainer.run import LOG_FILE
+from trainer.run import LOG_FILE, RunSummary
 
 KILL_AT = "step 2: rollouts started"
+
+
+def _rft_train(config_path: Path, run_dir: Path, *flags: str) -> list[str]:
+    """``rft train`` in a process of its own (a signal there cannot reach the test)."""
+    return [
+        sys.executable,
+        "-m",
+        "handlers.cli",
+        "train",
+        str(config_path),
+        "--output-dir",
+        str(run_dir),
+        *flags,
+    ]
 
 
 def _wait_for_line(path: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -36,9 +57,17 @@ def _wait_for_line(path: Path, text: str, process: subprocess.Popen[bytes], time
     raise AssertionError(f"{text!r} did not appear in {path} within {timeout_s} s")
 
 
-def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@dataclass
+class Runs:
+    """The module's agent, config and uninterrupted run, which every test compares with."""
+
+    config_path: Path
+    uninterrupted: RunSummary
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    tmp_path = tmp_path_factory.mktemp("resume")
     with serving(app) as agent_url:
         # Exact equality needs batch-invariant numerics: with one call per engine batch, a call's logits
         # (and so the recorded behavior logprobs) do not depend on which rollouts ran beside it. Each
@@ -46,51 +75,169 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
         config_path = write_run_files(
             tmp_path, tiny_model_dir, agent_url, eval_file=None, hf={"max_batch_size": 1}
         )
-        uninterrupted = train(load_config(config_path, ["output_dir=uninterrupted"]))
+        yield Runs(config_path, train(load_config(config_path, ["output_dir=uninterrupted"])))
 
-        killed_dir = tmp_path / "killed"
-        command = [
-            sys.executable,
-            "-m",
-            "handlers.cli",
-            "train",
-            str(config_path),
-            "--output-dir",
-            str(killed_dir),
-        ]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            # Only bounds a hang: the wait ends as soon as the line appears or the process exits, and
-            # a machine shared with other work may take minutes to import, build and play step 1.
-            _wait_for_line(killed_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        assert process.returncode == -signal.SIGKILL
-        latest = latest_checkpoint(killed_dir / "checkpoints")
-        assert latest is not None and latest.name == "step-000001", "the kill did not land in step 2"
-        run_id = json.loads((latest / "state.json").read_text())["mlflow_run_id"]
 
-        # Starting over in a run directory that holds checkpoints is refused with the way out.
-        assert cli_main([str(config_path), "--output-dir", str(killed_dir)]) == 1
-        assert "pass --resume" in capsys.readouterr().err
-
-        resumed = train(load_config(config_path, [f"output_dir={killed_dir}"]), resume=True)
-
+def _assert_resumed_exactly(runs: Runs, run_dir: Path) -> None:
+    """Resume ``run_dir``: the adapter, the steps logged and the rewards of the uninterrupted run."""
+    uninterrupted = runs.uninterrupted
+    resumed = train(load_config(runs.config_path, [f"output_dir={run_dir}"]), resume=True)
     assert resumed.steps == uninterrupted.steps == 3
     assert resumed.adapter_dir is not None and uninterrupted.adapter_dir is not None
     expected = load_file(uninterrupted.adapter_dir / "adapter_model.safetensors")
     actual = load_file(resumed.adapter_dir / "adapter_model.safetensors")
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
-    # Nothing lost or repeated: each step logged once, the same MLflow run continued.
-    steps = [json.loads(line)["step"] for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]
+    # Nothing lost or repeated: each step logged once.
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+    rewards = [record["reward_mean"] for record in resumed.history]
+    assert rewards == [record["reward_mean"] for record in uninterrupted.history]
+
+
+def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = runs.config_path
+    killed_dir = tmp_path / "killed"
+    command = [
+        sys.executable,
+        "-m",
+        "handlers.cli",
+        "train",
+        str(config_path),
+        "--output-dir",
+        str(killed_dir),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        # Only bounds a hang: the wait ends as soon as the line appears or the process exits, and
+        # a machine shared with other work may take minutes to import, build and play step 1.
+        _wait_for_line(killed_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
+        started = descendants(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        # No process the run started outlives it (docs/operations.md, the fault matrix).
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in started if alive(pid)]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    latest = latest_checkpoint(killed_dir / "checkpoints")
+    assert latest is not None and latest.name == "step-000001", "the kill did not land in step 2"
+    run_id = json.loads((latest / "state.json").read_text())["mlflow_run_id"]
+
+    # Starting over in a run directory that holds checkpoints is refused with the way out.
+    assert cli_main([str(config_path), "--output-dir", str(killed_dir)]) == 1
+    assert "pass --resume" in capsys.readouterr().err
+
+    _assert_resumed_exactly(runs, killed_dir)
+    # The same MLflow run continued.
     final_state = json.loads((killed_dir / "checkpoints" / "step-000003" / "state.json").read_text())
     assert final_state["mlflow_run_id"] == run_id
     assert [record["step"] for record in final_state["history"]] == [1, 2, 3]
-    rewards = [record["reward_mean"] for record in final_state["history"]]
-    assert rewards == [record["reward_mean"] for record in uninterrupted.history]
+
+
+@contextmanager
+def _signal_at(path: Path, text: str, signum: int) -> Iterator[list[float]]:
+    """Send ``signum`` to this process once ``text`` appears in ``path``; yields [when it was sent]."""
+    sent: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if path.is_file() and text in path.read_text():
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signum)
+                return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield sent
+    finally:
+        done.set()
+        watcher.join()
+
+
+@pytest.mark.parametrize(
+    ("on_sigterm", "checkpoint", "said"),
+    [
+        ("abandon_step", "step-000001", "step 2 abandoned, its finished rollouts kept"),
+        ("finish_step", "step-000002", "after step 2"),
+    ],
+)
+def test_sigterm_mid_step_checkpoints_exits_0_and_resumes_exactly(
+    runs: Runs,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    on_sigterm: str,
+    checkpoint: str,
+    said: str,
+) -> None:
+    run_dir = tmp_path / "preempted"
+    argv = [str(runs.config_path), "--output-dir", str(run_dir), "--set", f"faults.on_sigterm={on_sigterm}"]
+    with _signal_at(run_dir / LOG_FILE, KILL_AT, signal.SIGTERM) as sent:
+        code = cli_main(argv)
+    stopped_s = time.monotonic() - sent[0]
+    assert code == 0
+    assert stopped_s < FaultsConfig().sigterm_grace_s
+    err = capsys.readouterr().err
+    assert (
+        f"rft train: stopped by SIGTERM ({said}); checkpoint {run_dir / 'checkpoints' / checkpoint}; " in err
+    )
+    assert f"resume with `rft train {' '.join(argv)} --resume`" in err
+    assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / checkpoint
+    _assert_resumed_exactly(runs, run_dir)
+
+
+def test_ctrl_c_prints_where_the_last_checkpoint_is_instead_of_a_traceback(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "interrupted"
+    with _signal_at(run_dir / LOG_FILE, KILL_AT, signal.SIGINT):
+        code = cli_main([str(runs.config_path), "--output-dir", str(run_dir)])
+    assert code == 130
+    err = capsys.readouterr().err
+    # One line of its own after the progress bars (what else is on stderr here is the test's own).
+    assert err.splitlines()[-1] == (
+        f"rft train: interrupted; the last checkpoint is {run_dir / 'checkpoints' / 'step-000001'}; "
+        f"resume with `rft train {runs.config_path} --output-dir {run_dir} --resume`"
+    )
+    assert "Traceback" not in err
+
+
+def test_a_second_signal_exits_at_once_keeping_the_previous_checkpoint(runs: Runs, tmp_path: Path) -> None:
+    run_dir = tmp_path / "twice"
+    command = [
+        sys.executable,
+        "-m",
+        "handlers.cli",
+        "train",
+        str(runs.config_path),
+        "--output-dir",
+        str(run_dir),
+    ]
+    process = subprocess.Popen(command + ["--set", "faults.on_sigterm=finish_step"], stderr=subprocess.PIPE)
+    try:
+        _wait_for_line(run_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
+        process.send_signal(signal.SIGTERM)
+        _wait_for_line(run_dir / LOG_FILE, "SIGTERM: finishing the step in flight", process, timeout_s=30)
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM
+    log_text = (run_dir / LOG_FILE).read_text()
+    assert (
+        f"SIGTERM again: exiting at once; the last checkpoint is {run_dir / 'checkpoints' / 'step-000001'}"
+        in log_text
+    )
+    assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "step-000001"

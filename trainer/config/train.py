@@ -20,6 +20,7 @@ from trainer.config.common import (
     _Section,
 )
 from trainer.config.engines import HFEngineConfig, VLLMConfig
+from trainer.config.faults import FaultsConfig
 from trainer.config.fidelity import FidelityConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.lora import LoraConfig
@@ -265,6 +266,7 @@ class TrainConfig(_Section):
     )
     save_steps: int = Field(default=10, gt=0, description="Checkpoint every N steps (and after the last).")
     save_total_limit: int = Field(default=3, gt=0, description="Checkpoints kept; older ones are deleted.")
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="SIGTERM: preemption.")
     mlflow_tracking_uri: str | None = Field(
         default=None,
         description="MLflow tracking URI (a server or a store path); unset: a local file store in "

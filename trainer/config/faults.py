@@ -1,0 +1,30 @@
+"""The faults section: what the run does when it is told to stop (SIGTERM: preemption)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trainer.config.common import _Section
+
+
+class FaultsConfig(_Section):
+    """Preemption: SIGTERM, what Kubernetes, KubeRay and HyperPod send before a kill (operations.md)."""
+
+    on_sigterm: Literal["abandon_step", "finish_step"] = Field(
+        default="abandon_step",
+        description="What SIGTERM does to the step in flight before the checkpoint and exit 0. "
+        "abandon_step: if its rollouts are still playing, stop waiting for them: the checkpoint keeps "
+        "the rollouts already finished, `--resume` plays the others again with their own seeds and "
+        "adapter version (an update already under way is finished). finish_step: finish the step "
+        "(rollouts, update, publish) first. A second SIGTERM or Ctrl-C exits at once, keeping the "
+        "previous checkpoint.",
+    )
+    sigterm_grace_s: float = Field(
+        default=25.0,
+        gt=0,
+        description="Seconds from SIGTERM to exit: a run still busy then exits with code 143, keeping "
+        "the previous checkpoint. Keep it under the platform's own grace (Kubernetes' "
+        "terminationGracePeriodSeconds, 30 s by default) so the checkpoint is written before SIGKILL.",
+    )
