@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from trainer.config import ConfigError, load_config, validate_config
+from trainer.config import ConfigError, TrainConfig, load_config, validate_config
+from trainer.scale.ray_cluster import adapter_serving_dtype
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"train_file": "train.jsonl"}
@@ -99,3 +100,16 @@ def test_kuberay_files_agree_with_the_config() -> None:
     (service,) = [doc for doc in documents if doc["kind"] == "Service"]
     assert service["spec"]["selector"]["ray.io/group"] == "learner"
     assert service["spec"]["ports"][0]["targetPort"] == config.policy_server.port
+
+
+def test_adapters_travel_in_the_dtype_replicas_serve_them_in(tmp_path: Path) -> None:
+    model = json.loads((REPO / "tests/trainer/model_configs/smollm2-135m.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**model, "torch_dtype": "float16"}))
+    vllm = TrainConfig.model_validate({"engine": "vllm", "ray": {}})
+    assert adapter_serving_dtype(vllm, tmp_path, on_gpus=True) == "float16"  # vLLM's dtype auto
+    told = TrainConfig.model_validate({"engine": "vllm", "ray": {}, "vllm": {"dtype": "bfloat16"}})
+    assert adapter_serving_dtype(told, tmp_path, on_gpus=True) == "bfloat16"
+    assert adapter_serving_dtype(vllm, tmp_path, on_gpus=False) is None  # vLLM's CPU build: float32
+    hf = TrainConfig.model_validate({"ray": {}})
+    assert adapter_serving_dtype(hf, tmp_path, on_gpus=True) is None  # peft keeps LoRA in float32
+    assert adapter_serving_dtype(vllm, tmp_path / "missing", on_gpus=True) is None

@@ -251,8 +251,14 @@ class RayLearner:
         seed: int | None = None,
         old_logprobs: Sequence[torch.Tensor] | None = None,
     ) -> StepResult:
-        """One optimizer step on every worker (see :meth:`trainer.learner.learner.Learner.train_step`)."""
-        batch, old = list(sequences), None if old_logprobs is None else list(old_logprobs)
+        """One optimizer step on every worker (see :meth:`trainer.learner.learner.Learner.train_step`).
+
+        The batch goes into Ray's object store once and every worker gets a reference to it (Ray
+        would otherwise serialize a copy per call)."""
+        import ray
+
+        batch = ray.put(list(sequences))
+        old = None if old_logprobs is None else ray.put(list(old_logprobs))
         return self._call([worker.train_step.remote(batch, seed, old) for worker in self.workers])[0]
 
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
@@ -261,11 +267,13 @@ class RayLearner:
 
     def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
         """Each worker's share of :meth:`trainer.learner.learner.Learner.old_logprobs`, put together."""
-        batch = list(sequences)
+        import ray
+
+        batch = ray.put(list(sequences))  # once, for every worker
         merged: dict[int, torch.Tensor] = {}
         for part in self._call([worker.shard_old_logprobs.remote(batch) for worker in self.workers]):
             merged.update(part)
-        return [merged[position] for position in range(len(batch))]
+        return [merged[position] for position in range(len(sequences))]
 
     def save_adapter(self, directory: str | Path) -> Path:
         """Rank 0's adapter, written in peft format to ``directory`` on this machine."""

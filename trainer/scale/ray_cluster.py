@@ -103,9 +103,28 @@ def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = N
         resources=settings.replica_resources,
         max_restarts=settings.max_restarts,
         adapter_transfer=settings.adapter_transfer,
+        adapter_dtype=adapter_serving_dtype(config, Path(model_dir), on_gpus=num_gpus > 0),
         recovery_timeout_s=settings.recovery_timeout_s,
         name_prefix=name_prefix,
     )
+
+
+def adapter_serving_dtype(config: TrainConfig, model_dir: Path, *, on_gpus: bool) -> str | None:
+    """The dtype replicas serve adapters in, which they travel in; None: as the learner wrote them.
+
+    vLLM on GPUs casts every LoRA to its --dtype ('auto': the checkpoint's own, from config.json);
+    the hf engine and vLLM's CPU build serve the adapter in float32.
+    """
+    if config.engine != "vllm" or not on_gpus:
+        return None
+    if config.vllm.dtype != "auto":
+        return config.vllm.dtype
+    from trainer.scale.memory import ModelShape
+
+    try:
+        return ModelShape.from_model_dir(model_dir).dtype
+    except (OSError, ValueError):  # ModelShapeError is a ValueError
+        return None  # a model whose config.json rftkit cannot read: send what the learner wrote
 
 
 def replica_engine(config: TrainConfig, model_dir: str) -> Engine:

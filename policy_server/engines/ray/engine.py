@@ -62,11 +62,13 @@ class RayEngine:
         resources: dict[str, float] | None = None,
         max_restarts: int = 3,
         adapter_transfer: AdapterTransfer = "object_store",
+        adapter_dtype: str | None = None,
         recovery_timeout_s: float = 300.0,
         name_prefix: str | None = None,
     ) -> None:
         """``name_prefix``: the actors are named ``{name_prefix}-replica-{i}`` (``ray list actors``
-        shows them; ``ray.get_actor`` finds them), unnamed without it."""
+        shows them; ``ray.get_actor`` finds them), unnamed without it. ``adapter_dtype``: the dtype
+        the replicas' engines serve adapters in; adapters put into the object store are cast to it."""
         self.model_name = model_name
         self.name_prefix = name_prefix
         self._build_engine = build_engine
@@ -77,7 +79,7 @@ class RayEngine:
             "max_restarts": max_restarts,
         }
         self.replica_count = replicas
-        self.adapter_transfer = adapter_transfer
+        self.adapter_transfer, self.adapter_dtype = adapter_transfer, adapter_dtype
         self.recovery_timeout_s = recovery_timeout_s
         self.router = StickyRouter(replicas)
         self.events = ReplicaEvents()
@@ -146,7 +148,9 @@ class RayEngine:
         """Load ``version`` into every live replica; returns when all of them hold it."""
         if self.adapter_transfer == "object_store":
             # Reading and putting a large adapter takes a while: off the gateway's event loop.
-            self._adapters[version] = await asyncio.to_thread(lambda: ray.put(read_adapter(path)))
+            self._adapters[version] = await asyncio.to_thread(
+                lambda: ray.put(read_adapter(path, self.adapter_dtype))
+            )
         else:
             if not (Path(path) / "adapter_config.json").is_file():
                 raise ValueError(f"{path} is not a peft adapter directory (no adapter_config.json in it)")
