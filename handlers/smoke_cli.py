@@ -7,7 +7,9 @@ form (an http(s) URL or an AgentCore runtime ARN), prints the report and exits w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,8 @@ from handlers.smoke import (
     DEFAULT_PAYLOAD_PATH,
     DEFAULT_TIMEOUT_S,
     EXIT_CANNOT_RUN,
+    Outcome,
+    SmokeReport,
     smoke_arn,
     smoke_url,
     with_endpoint,
@@ -109,5 +113,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"rft smoke: TARGET must be an http(s) URL or an AgentCore runtime ARN, got {args.target!r}")
         return EXIT_CANNOT_RUN
+    if args.payload is None:
+        report = with_payload_hint(report, source)
     print(report.render())
     return report.exit_code
+
+
+# What an agent answers when the row it got lacks the fields it reads (a KeyError, or a string indexed
+# by a field name).
+_MISSING_FIELD = re.compile(r"\b(KeyError|TypeError: string indices)\b")
+
+
+def with_payload_hint(report: SmokeReport, source: str) -> SmokeReport:
+    """``report``, its verdict telling the user to pass their own row when the agent failed to read
+    the row of a payload they did not choose."""
+    if report.outcome is not Outcome.AGENT_ERROR or not any(map(_MISSING_FIELD.search, report.observations)):
+        return report
+    hint = (
+        f"; rft smoke sent {source}, whose row your agent cannot read: pass a payload holding one of "
+        "your rows in its prompt with --payload FILE (e.g. agents/template/payloads/smoke.json)"
+    )
+    return dataclasses.replace(report, verdict=report.verdict + hint)

@@ -78,23 +78,23 @@ def reward(final_text: str, answer: float) -> float:
 
 
 async def rollout(row: dict[str, Any], ctx: RolloutContext) -> float:
-    """Play one episode; async, so it must never block (the app runs every async rollout on one loop)."""
+    # async: it runs on the app's one event loop, so it must never block (no time.sleep, no sync client).
     agent = Agent(
         model=ctx.strands_model(), tools=[calculate], system_prompt=SYSTEM_PROMPT, callback_handler=None
     )
     try:
         result = await agent.invoke_async(row["question"])
     except Exception as error:
-        # A 400 from the model endpoint, a truncated answer or a context overflow ends the episode
-        # and is scored; anything else (5xx, a dropped connection) propagates: the rollout is reported
-        # failed, never scored as zero.
+        # A 400 from the model endpoint (rft smoke's "Could not find job"), a truncated answer or a
+        # context overflow ends the episode and is scored; anything else (5xx, a dropped connection)
+        # propagates: the rollout is reported failed, never scored as zero.
         if not ends_episode(error):
             raise
         return NO_PLAY_REWARD if refused_by_endpoint(error) else TRUNCATED_REWARD
     return reward(str(result), float(row["answer"]))
 
 
-app = rft_app(rollout, row_format="json")
+app = rft_app(rollout, row_format="json")  # a BedrockAgentCoreApp; no decorator stacking to get wrong
 
 if __name__ == "__main__":
-    app.run()
+    app.run()  # port 8080, as AgentCore Runtime expects
