@@ -55,8 +55,8 @@ class VLLMLauncher:
     _chat_template: Path | None
     _max_model_len: int | None
     _tensor_parallel_size: int | None
-    _gpu_memory_utilization: float | None
     _data_parallel_size: int
+    _gpu_memory_utilization: float | None
     _enable_sleep_mode: bool
     _cpu_build: bool
     _cuda_visible_devices: str | None
@@ -105,11 +105,11 @@ class VLLMLauncher:
             cmd += ["--max-model-len", str(self._max_model_len)]
         if self._tensor_parallel_size:
             cmd += ["--tensor-parallel-size", str(self._tensor_parallel_size)]
-        if self._gpu_memory_utilization:
         if self._data_parallel_size > 1:
             # One server, several engine cores: vLLM balances calls over them and sends every
             # adapter load, sleep and wake-up to each.
             cmd += ["--data-parallel-size", str(self._data_parallel_size)]
+        if self._gpu_memory_utilization:
             cmd += ["--gpu-memory-utilization", str(self._gpu_memory_utilization)]
         if self._enable_sleep_mode:
             cmd += ["--enable-sleep-mode"]
