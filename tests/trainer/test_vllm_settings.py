@@ -73,3 +73,20 @@ def test_vllm_placed_on_gpus_is_the_gpu_build(tmp_path: Path) -> None:
     assert command[command.index("--dtype") + 1] == "auto"
     assert "--no-enable-chunked-prefill" not in command
     assert "RFTKIT_CPU_LORA_OPS" not in engine.command_env()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("pinned_by_rftkit", "served"), [(True, None), (False, "AVX2")])
+def test_vllm_keeps_onednns_own_kernels_unless_the_user_capped_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pinned_by_rftkit: bool, served: str | None
+) -> None:
+    """rftkit's own processes run oneDNN at AVX2 (trainer/ops/cpu_kernels.py); a vLLM server, whose
+    linear layers all go through oneDNN, gets it uncapped unless the user set the cap."""
+    from policy_server.engines.vllm_server import PINNED_CPU_KERNELS_ENV
+    from trainer.ops.cpu_kernels import PINNED_ENV
+
+    assert PINNED_CPU_KERNELS_ENV == PINNED_ENV
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv(PINNED_ENV, "ATEN_CPU_CAPABILITY,ONEDNN_MAX_CPU_ISA" if pinned_by_rftkit else "")
+    config = _config(vllm={"python": sys.executable})
+    engine = local_engine(config, tmp_path, place(config, Node([], present=True)))
+    assert engine.spawn_env().get("ONEDNN_MAX_CPU_ISA") == served  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_server.models import local_model_dir
+from trainer.ops import pin_cpu_kernels
 from trainer.sft.common import DEFAULT_TARGET_MODULES, DemonstrationError, load_demonstrations
 from trainer.sft.text import run_sft
 
@@ -71,6 +72,13 @@ def build_parser(add_sources: SourceOptions | None = None) -> argparse.ArgumentP
         help="the base model's dtype (default auto: bfloat16 on CUDA, float32 on the CPU)",
     )
     parser.add_argument(
+        "--cpu-kernels",
+        default="avx2",
+        choices=("avx2", "native"),
+        help="on x86, avx2 (default) pins torch's, MKL's and oneDNN's CPU kernels to AVX2 so a seed "
+        "gives the same adapter on any x86-64 machine with AVX2; native: the widest this CPU has",
+    )
+    parser.add_argument(
         "--chat-template",
         help="template replacing the model's own: a shipped name (chatml-tools) or a Jinja file; use "
         "the one training will serve with (the config's chat_template)",
@@ -85,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
     """Train and save a warm-start adapter on ``demonstrations(args)``; prints the loss as it goes."""
+    if args.cpu_kernels == "avx2":
+        pin_cpu_kernels()  # before the first tensor operation
     try:
         local_model_dir(args.model)
         examples = demonstrations(args)
