@@ -65,6 +65,9 @@ _LAZY: dict[str, str] = {
         "handlers.agent_client",
     ),
     "http_url": "handlers.urls",
+    # the credential on an agent's calls, judged once (the gateway's check, and rft smoke's)
+    "agent_refusal": "handlers.credentials",
+    "credential_sent": "handlers.credentials",
     # the bearer tokens AWS's SageMaker SDK signs (the gateway's check, and rft smoke's)
     **dict.fromkeys(
         ["TOKEN_PREFIX", "SageMakerTokenPolicy", "TokenRejected", "check_token", "parse_token"],
@@ -105,6 +108,7 @@ if TYPE_CHECKING:
         runtime_session_id,
     )
     from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
+    from handlers.credentials import agent_refusal, credential_sent
     from handlers.decorator import rft_app, rft_handler
     from handlers.episode_errors import ends_episode, refused_by_endpoint
     from handlers.lazy import lazy_attributes
@@ -200,6 +204,8 @@ __all__ = [
     "serve_in_thread",
     "http_url",
     "lazy_attributes",
+    "agent_refusal",
+    "credential_sent",
     "TOKEN_PREFIX",
     "SageMakerTokenPolicy",
     "TokenRejected",

@@ -3,13 +3,16 @@ GPU time is spent.
 
 For an agent URL, ``rft smoke`` serves, for the length of the check, the policy endpoint it writes into
 the payload: every model call is answered ``400 Could not find job`` (no job of that id is served), and
-the calls' headers and the feedback posts are recorded. A healthy agent comes back with its no-play
-reward, having called the model with the rollout's headers and reported that reward. For an AgentCore
+the calls' headers and the feedback posts are recorded. The endpoint demands the credential a run
+would (an API key handed in the payload, or SageMaker tokens with --accept-sagemaker-tokens) and says
+which one the agent sent. A healthy agent comes back with its no-play reward, having called the model
+with the rollout's headers and credential and reported that reward. For an AgentCore
 runtime ARN the agent cannot reach this machine, so the report lists what could not be verified.
 
 Exit codes: 0 healthy; 1 the agent answered but something is missing (partial); 2 the check could not
 run (bad arguments, payload file or AWS credentials); 3 the agent (or AgentCore) answered an error;
-4 access denied (403); 5 the agent is not reachable (connection refused or no answer in time).
+4 access denied (403, or a credential a run would refuse: 401); 5 the agent is not reachable
+(connection refused or no answer in time).
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ from handlers.protocol import (
     JOB_ARN_HEADER,
     JOB_NOT_FOUND_MESSAGE,
     TRAJECTORY_ID_HEADER,
+    RftkitExtras,
     RolloutMetadata,
     RolloutPayload,
 )
 from handlers.serving import serve_in_thread
-from handlers.smoke_endpoint import Recording, recording_app
+from handlers.smoke_endpoint import Demand, Recording, credential_line, credential_verdict, recording_app
 
 DEFAULT_PAYLOAD_PATH = Path("payloads") / "smoke.json"
 DEFAULT_TIMEOUT_S = 60.0
@@ -231,11 +235,18 @@ def with_endpoint(payload: RolloutPayload, endpoint: str) -> RolloutPayload:
     )
 
 
-def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_TIMEOUT_S) -> SmokeReport:
-    """Check an agent served over HTTP, serving its policy endpoint from this process meanwhile."""
+def smoke_url(
+    target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_TIMEOUT_S, demand: Demand | None = None
+) -> SmokeReport:
+    """Check an agent served over HTTP, serving its policy endpoint from this process meanwhile.
+
+    ``demand``: the credential the endpoint demands, as the run's ``policy_server`` settings would (its
+    API key goes to the agent in the payload, as a run hands it); None demands none.
+    """
+    demand = demand or Demand()
     recording = Recording()
-    with serve_in_thread(recording_app(recording)) as endpoint:
-        sent = with_endpoint(payload, endpoint)
+    with serve_in_thread(recording_app(recording, demand)) as endpoint:
+        sent = with_api_key(with_endpoint(payload, endpoint), demand.api_key)
         try:
             response = httpx.post(invocations_url(target), json=sent.to_wire(), timeout=timeout)
         except httpx.ConnectError as exc:
@@ -248,14 +259,33 @@ def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_
             observations = [f"the connection to {invocations_url(target)} broke: {type(exc).__name__}: {exc}"]
             verdict = "the agent dropped the request without an answer (did it crash?): see the agent's log"
             return SmokeReport(target, Outcome.AGENT_ERROR, verdict, observations)
-        if response.status_code >= 400:
-            return _agent_error(target, response.status_code, response.content)
-        answer = read_answer(response.status_code, response.content)
-        reward = _reward(answer)
-        if reward is None:
-            return _without_reward(target, answer, response.content)
-        _wait_for_reports(recording, REPORT_GRACE_S)
-        return _judge_recording(target, payload, reward, recording)
+        report = _judge_answer(target, payload, response, recording)
+        refused = credential_verdict(recording, demand)
+        if refused is not None:
+            report = SmokeReport(target, Outcome.ACCESS_DENIED, refused, report.observations[:1])
+        report.observations.append(credential_line(recording, demand))
+        return report
+
+
+def _judge_answer(
+    target: str, payload: RolloutPayload, response: httpx.Response, recording: Recording
+) -> SmokeReport:
+    if response.status_code >= 400:
+        return _agent_error(target, response.status_code, response.content)
+    answer = read_answer(response.status_code, response.content)
+    reward = _reward(answer)
+    if reward is None:
+        return _without_reward(target, answer, response.content)
+    _wait_for_reports(recording, REPORT_GRACE_S)
+    return _judge_recording(target, payload, reward, recording)
+
+
+def with_api_key(payload: RolloutPayload, api_key: str | None) -> RolloutPayload:
+    """The payload handing the agent ``api_key`` as a run does (``rftkit.apiKey``); other extras kept."""
+    if api_key is None:
+        return payload
+    extras = payload.rftkit or RftkitExtras()
+    return payload.model_copy(update={"rftkit": extras.model_copy(update={"api_key": api_key})})
 
 
 # --- AgentCore runtime ARNs ------------------------------------------------------------------------
@@ -263,6 +293,7 @@ def smoke_url(target: str, payload: RolloutPayload, *, timeout: float = DEFAULT_
 UNVERIFIABLE_REMOTELY = [
     "that the agent called the model endpoint with the rollout's headers",
     "that it posted update-reward and complete-rollout",
+    "that its calls carry the credential a run demands",
 ]
 REMOTE_VERDICT = (
     "the agent parses its payload and returns a reward; the runtime cannot reach this machine, so run the "

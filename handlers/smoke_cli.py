@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import re
+import secrets
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from handlers import smoke
 from handlers.agent_client import is_runtime_arn
 from handlers.protocol import RolloutPayload
+from handlers.sagemaker_tokens import SageMakerTokenPolicy
 from handlers.smoke import (
     BUILTIN_PAYLOAD,
     DEFAULT_PAYLOAD_PATH,
@@ -29,6 +31,7 @@ from handlers.smoke import (
     smoke_url,
     with_endpoint,
 )
+from handlers.smoke_endpoint import Demand
 
 
 class PayloadFileError(ValueError):
@@ -63,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(smoke.__doc__ or "").split("\n\n")[0].replace("\n", " "),
         epilog=(
             "exit codes: 0 healthy, 1 partial, 2 the check could not run, 3 agent error, "
-            "4 access denied, 5 not reachable"
+            "4 access denied (or a credential a run would refuse), 5 not reachable"
         ),
     )
     parser.add_argument("target", help="agent URL (http://localhost:8080) or AgentCore runtime ARN")
@@ -73,12 +76,34 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait (default 60)"
     )
+    parser.add_argument(
+        "--api-key",
+        help="the key the endpoint demands and the payload hands the agent, as policy_server.api_key "
+        "(default: a fresh one)",
+    )
+    parser.add_argument(
+        "--no-api-key",
+        action="store_true",
+        help="demand no key, as a run without policy_server.api_key",
+    )
+    parser.add_argument(
+        "--accept-sagemaker-tokens",
+        action="store_true",
+        help="also take the SageMaker SDK's bearer tokens, as policy_server.accept_sagemaker_tokens",
+    )
     parser.add_argument("--qualifier", help="AgentCore endpoint qualifier (ARN targets only)")
     parser.add_argument(
         "--endpoint",
         help="policy endpoint for the remote agent to call (ARN targets only)",
     )
     return parser
+
+
+def _demand(args: argparse.Namespace) -> Demand:
+    """The credential a run with these settings demands: its key (a fresh one unless named or none)."""
+    api_key = None if args.no_api_key else (args.api_key or f"smoke-{secrets.token_urlsafe(16)}")
+    tokens = SageMakerTokenPolicy() if args.accept_sagemaker_tokens else None
+    return Demand(api_key=api_key, sagemaker_tokens=tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         except httpx.InvalidURL as exc:
             print(f"rft smoke: {args.target!r} is not a valid URL: {exc}")
             return EXIT_CANNOT_RUN
-        report = smoke_url(args.target, payload, timeout=args.timeout)
+        report = smoke_url(args.target, payload, timeout=args.timeout, demand=_demand(args))
     else:
         print(f"rft smoke: TARGET must be an http(s) URL or an AgentCore runtime ARN, got {args.target!r}")
         return EXIT_CANNOT_RUN

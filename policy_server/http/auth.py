@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from handlers import JOB_ARN_HEADER, TOKEN_PREFIX, TRAJECTORY_ID_HEADER, SageMakerTokenPolicy
+from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER, SageMakerTokenPolicy, agent_refusal
 from policy_server.http.responses import error_response
 
 ADMIN_PREFIX = "/admin/"
@@ -17,15 +17,6 @@ ADMIN_NOT_SERVED = (
     "Start `rft serve` with --admin-key to serve them to the holder of that key."
 )
 
-
-# An agent on AWS's SageMaker SDK ignores the key and signs with the SDK's tokens: the refusal names
-# the setting that accepts them.
-SAGEMAKER_TOKEN_NOT_ACCEPTED = (
-    "Missing or wrong API key: the bearer sent is a SageMaker token (AWS's SageMaker SDK signs calls "
-    "with them), which this server does not accept: set policy_server.accept_sagemaker_tokens: true "
-    "(`rft serve --accept-sagemaker-tokens`), or send the header 'Authorization: Bearer <key>'."
-)
-_SAGEMAKER_BEARER = f"Bearer {TOKEN_PREFIX}".encode()
 
 _JOB_ARN = JOB_ARN_HEADER.lower().encode()
 _TRAJECTORY_ID = TRAJECTORY_ID_HEADER.lower().encode()
@@ -94,17 +85,5 @@ class AuthMiddleware:
             if _matches(given, self.api_key):
                 return 403, "This is the agents' key: admin operations need the admin key."
             return 401, "Missing or wrong admin key: send the header 'Authorization: Bearer <admin key>'."
-        if (self.api_key is None and self.sagemaker_tokens is None) or _matches(given, self.api_key):
-            return None
-        key_refusal = "Missing or wrong API key: send the header 'Authorization: Bearer <key>'."
-        if self.sagemaker_tokens is None:
-            if given.startswith(_SAGEMAKER_BEARER):
-                return 401, SAGEMAKER_TOKEN_NOT_ACCEPTED
-            return 401, key_refusal
-        # The agents' routes also take the bearer tokens AWS's SageMaker SDK signs (checked offline).
-        token_refusal = self.sagemaker_tokens.refusal(given.decode("latin-1"))
-        if token_refusal is None:
-            return None
-        if self.api_key is None:
-            return 401, f"SageMaker token refused: {token_refusal}."
-        return 401, f"{key_refusal[:-1]}, or a SageMaker token (refused: {token_refusal})."
+        refusal = agent_refusal(given.decode("latin-1"), self.api_key, self.sagemaker_tokens)
+        return None if refusal is None else (401, refusal)
