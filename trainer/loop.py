@@ -30,6 +30,7 @@ from trainer.config import TrainConfig
 from trainer.fidelity import check_fidelity
 from trainer.learner.checkpoint import checkpoint_name, save_checkpoint
 from trainer.ops.preemption import Preemption, RunPreempted
+from trainer.ops.stacks import stacks_on_demand
 from trainer.record import Sampled, check_failures, step_record
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.pipeline import adapter_dirs
@@ -56,22 +57,24 @@ def train(
 
     The run's log also goes to ``output_dir/train.log``. ``on_evaluation``: see ``EvaluationHook``.
     SIGTERM stops the run at its next safe point with a checkpoint and raises :class:`RunPreempted`
-    (``faults`` section; :mod:`trainer.ops.preemption`).
+    (``faults`` section; :mod:`trainer.ops.preemption`); SIGUSR1 writes every thread's stack to
+    ``train.log`` (:mod:`trainer.ops.stacks`).
     """
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = add_log_file(config.output_dir)
     preemption = Preemption(config.faults, config.output_dir / "checkpoints").install()
     try:
-        if config.ray is None:
-            return _train(config, resume, on_evaluation, preemption)
-        # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
-        from trainer.learner.distributed import train_with_auto_resume
-        from trainer.scale.ray_cluster import ray_cluster
+        with stacks_on_demand(config.output_dir):
+            if config.ray is None:
+                return _train(config, resume, on_evaluation, preemption)
+            # On Ray: a run whose learner worker dies restarts from its newest checkpoint.
+            from trainer.learner.distributed import train_with_auto_resume
+            from trainer.scale.ray_cluster import ray_cluster
 
-        with ray_cluster(config.ray):
-            return train_with_auto_resume(
-                config, resume, lambda config, resume: _train(config, resume, on_evaluation, preemption)
-            )
+            with ray_cluster(config.ray):
+                return train_with_auto_resume(
+                    config, resume, lambda config, resume: _train(config, resume, on_evaluation, preemption)
+                )
     finally:
         preemption.restore()
         logging.getLogger("trainer").removeHandler(log_handler)

@@ -27,6 +27,7 @@ from trainer.config import load_config
 from trainer.config.faults import FaultsConfig
 from trainer.learner.checkpoint import latest_checkpoint
 from trainer.loop import train
+from trainer.ops.status import main as status_main
 from trainer.run import LOG_FILE, RunSummary
 
 KILL_AT = "step 2: rollouts started"
@@ -130,6 +131,10 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     latest = latest_checkpoint(killed_dir / "checkpoints")
     assert latest is not None and latest.name == "step-000001", "the kill did not land in step 2"
     run_id = json.loads((latest / "state.json").read_text())["mlflow_run_id"]
+
+    # Its recorded pid is never signalled again (SIGUSR1 would end whatever process reused it).
+    assert status_main([str(killed_dir), "--stacks"]) == 1
+    assert f"(pid {process.pid}) is gone: it was killed" in capsys.readouterr().out
 
     # Starting over in a run directory that holds checkpoints is refused with the way out.
     assert cli_main([str(config_path), "--output-dir", str(killed_dir)]) == 1
@@ -241,3 +246,33 @@ def test_a_second_signal_exits_at_once_keeping_the_previous_checkpoint(runs: Run
         in log_text
     )
     assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "step-000001"
+
+
+def test_rft_status_stacks_prints_every_thread_of_a_running_trainer(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trainer is this process: `rft status --stacks` runs in a thread while step 2 waits."""
+    run_dir = tmp_path / "stacks"
+    asked: list[int] = []
+
+    def ask_when_step_2_starts() -> None:
+        while KILL_AT not in ((run_dir / LOG_FILE).read_text() if (run_dir / LOG_FILE).is_file() else ""):
+            time.sleep(0.01)
+        asked.append(status_main([str(run_dir), "--stacks"]))
+
+    asking = threading.Thread(target=ask_when_step_2_starts, daemon=True)
+    asking.start()
+    assert cli_main([str(runs.config_path), "--output-dir", str(run_dir)]) == 0
+    asking.join(timeout=60)
+    assert asked == [0]
+    stacks = capsys.readouterr().out
+    # faulthandler's dump: every thread, the main one waiting for the step's rollouts.
+    assert "Thread 0x" in stacks and "(most recent call first):" in stacks
+    assert 'trainer/loop.py", line' in stacks and "in sample" in stacks
+    # The same dump is in the run's train.log (stdout also holds rft train's own last lines).
+    headers = ("Thread 0x", "Current thread", "  File")
+    dump = [line for line in stacks.splitlines() if line.startswith(headers)]
+    assert len(dump) > 10 and all(line in (run_dir / LOG_FILE).read_text() for line in dump)
+    # Once the run is over there is no trainer to ask.
+    assert status_main([str(run_dir), "--stacks"]) == 1
+    assert f"no trainer is running in {run_dir}" in capsys.readouterr().out

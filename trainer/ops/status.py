@@ -179,7 +179,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_dir", type=Path, help="the run's output_dir")
     parser.add_argument("--last", type=int, default=20, help="steps shown in the table; 0: all (default: 20)")
+    parser.add_argument(
+        "--stacks",
+        action="store_true",
+        help="ask the run's trainer (SIGUSR1) to write every thread's stack to train.log, and print them",
+    )
     args = parser.parse_args(argv)
+    if args.stacks:
+        from trainer.ops.stacks import StacksError, request_stacks
+
+        try:
+            print(request_stacks(args.run_dir), end="")
+        except StacksError as error:
+            print(f"rft status: {error}")
+            return 1
+        return 0
     try:
         status = read_status(args.run_dir)
     except FileNotFoundError as error:
