@@ -176,6 +176,7 @@ def _signal_at(path: Path, text: str, signum: int) -> Iterator[list[float]]:
         ("abandon_step", "step-000001", "step 2 abandoned, its finished rollouts kept"),
         ("finish_step", "step-000002", "after step 2"),
     ],
+    ids=["abandon_step", "finish_step"],
 )
 def test_sigterm_mid_step_checkpoints_exits_0_and_resumes_exactly(
     runs: Runs,
