@@ -210,6 +210,14 @@ class JobRegistry:
         with self._lock:
             return self._job(job_arn).counters.model_copy()
 
+    def last_active(self, job_arn: str, rollout_id: str) -> float | None:
+        """When the rollout last made a model call or reported (``time.monotonic()``; its opening if
+        it never did); None once its trace is taken or the job is closed. The stall watchdog reads it."""
+        with self._lock:
+            job = self._jobs.get(job_arn)
+            rollout = job.rollouts.get(rollout_id) if job is not None else None
+            return rollout.last_active if rollout is not None else None
+
     def open_rollout_count(self, job_arn: str) -> int:
         """How many rollouts of the job hold a trace not yet taken."""
         with self._lock:

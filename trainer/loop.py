@@ -27,10 +27,12 @@ from typing import Any
 
 from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
+from trainer.errors import TrainingError
 from trainer.fidelity import check_fidelity
 from trainer.learner.checkpoint import checkpoint_name, save_checkpoint
 from trainer.ops.preemption import Preemption, RunPreempted
 from trainer.ops.stacks import stacks_on_demand
+from trainer.ops.watchdog import StallWatchdog
 from trainer.record import Sampled, check_failures, step_record
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.pipeline import adapter_dirs
@@ -87,24 +89,27 @@ def _train(
     run = open_run(config, resume)
     run.on_evaluation = on_evaluation
     failed = True
+    watchdog = StallWatchdog(config.faults, run)
     try:
         run.session.start()
+        watchdog.start()
         serve_start_adapter(run)
         if run.eval_rows and config.eval_on_start and not run.state.evaluations:
             evaluate_run(run, 0)
         run.totals = totals_of(run.state.history)
-        _run_steps(run, preemption)
+        _run_steps(run, preemption, watchdog)
         summary = finish(run)
         failed = False
         return summary
     finally:
+        watchdog.stop()
         try:
             run.session.close()
         finally:
             run.metrics.close(failed=failed)
 
 
-def _run_steps(run: Run, preemption: Preemption) -> None:
+def _run_steps(run: Run, preemption: Preemption, watchdog: StallWatchdog) -> None:
     """The steps from where the run stands to the last; after a SIGTERM, up to the next safe point."""
     config = run.config
     # As a context manager the bar ends its line whatever ends the loop, so a message printed after
@@ -112,7 +117,7 @@ def _run_steps(run: Run, preemption: Preemption) -> None:
     with _progress(config.max_steps, run.state.step) as progress:
         for step in range(run.state.step + 1, config.max_steps + 1):
             try:
-                record = run_step(run, step, preemption)
+                record = run_step(run, step, preemption, watchdog)
             except _StepAbandoned:
                 raise _stopped(run, abandoned=True) from None
             progress.update(1)
@@ -139,11 +144,15 @@ def _stopped(run: Run, *, abandoned: bool) -> RunPreempted:
     return stopped
 
 
-def run_step(run: Run, step: int, preemption: Preemption | None = None) -> dict[str, Any]:
+def run_step(
+    run: Run, step: int, preemption: Preemption | None = None, watchdog: StallWatchdog | None = None
+) -> dict[str, Any]:
     """One GRPO step: sample -> group -> advantages -> update -> publish; then maybe an evaluation,
     the step's record and a checkpoint."""
     started = time.monotonic()
-    sampled = sample(run, step, preemption)
+    sampled = sample(run, step, preemption, watchdog)
+    if run.transcripts is not None:
+        run.transcripts.keep_step(step, sampled.played)
     batch = group_rollouts(sampled.played, sampled.num_groups)
     assign_advantages(run.config, batch)
     update = update_policy(run, step, batch)
@@ -166,19 +175,24 @@ def run_step(run: Run, step: int, preemption: Preemption | None = None) -> dict[
     return record
 
 
-def sample(run: Run, step: int, preemption: Preemption | None = None) -> Sampled:
+def sample(
+    run: Run, step: int, preemption: Preemption | None = None, watchdog: StallWatchdog | None = None
+) -> Sampled:
     """The step's rollouts, played to the end.
 
     The rollouts of the next max_off_policy_steps steps are submitted first
     (:mod:`trainer.rollouts.pipeline`), so they play while this step's update runs. A SIGTERM that
     says abandon stops the wait (:class:`_StepAbandoned`); the step stays in flight for the checkpoint.
+    A stall past ``faults.stall_timeout_s`` stops the run with the watchdog's diagnosis.
     """
     started = time.monotonic()
     run.pipeline.fill(step, run.state.adapter_version, run.pick_rows)
     future = run.pipeline.pending[step].future
-    while preemption is not None and future is not None and not future.done():
-        if preemption.abandon:
+    while future is not None and not future.done():
+        if preemption is not None and preemption.abandon:
             raise _StepAbandoned(step)
+        if watchdog is not None and watchdog.fatal is not None:
+            raise TrainingError(watchdog.fatal)
         wait([future], timeout=0.1)  # short, so the signal handler's flag is seen promptly
     rollouts = run.pipeline.take(step)
     played = rollouts.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
 from policy_server.workers.gateway_pool import GatewayPool
+from tests.process_tree import descendants
 from tests.teacher_forcing import teacher_forced_logprobs
 
 pytestmark = pytest.mark.vllm
@@ -514,3 +516,17 @@ def test_a_dying_gateway_worker_is_reported_and_replaced(gateway_pool: GatewayPo
         )
         assert answer.status_code == 200, answer.text
     gateway_pool.server.close_job(POOL_JOB)
+
+
+def test_vllm_and_the_processes_it_starts_stop_with_the_trainer(
+    vllm_server: tuple[PolicyServer, ServerThread],
+) -> None:
+    """vLLM runs under the lifeline (handlers.tied_popen, group=True), whose SIGTERM on the trainer's
+    death reaches its process group: the server and every helper vLLM started must be in it."""
+    server, _ = vllm_server
+    assert isinstance(server.engine, VLLMEngine) and server.engine._process is not None
+    lifeline = server.engine._process.pid
+    assert "lifeline.py" in Path(f"/proc/{lifeline}/cmdline").read_text()
+    tree = descendants(lifeline)
+    assert len(tree) >= 2, f"vLLM's server and its engine core, found {tree}"
+    assert {pid: os.getpgid(pid) for pid in tree} == dict.fromkeys(tree, lifeline)

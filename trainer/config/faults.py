@@ -1,4 +1,4 @@
-"""The faults section: what the run does when it is told to stop (SIGTERM: preemption)."""
+"""The faults section: what the run does when it is told to stop (SIGTERM: preemption) or stalls."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from trainer.config.common import _Section
 
 
 class FaultsConfig(_Section):
-    """Preemption: SIGTERM, what Kubernetes, KubeRay and HyperPod send before a kill (operations.md)."""
+    """Preemption (SIGTERM, what Kubernetes and HyperPod send before a kill) and stalls (operations.md)."""
 
     on_sigterm: Literal["abandon_step", "finish_step"] = Field(
         default="abandon_step",
@@ -27,4 +27,19 @@ class FaultsConfig(_Section):
         description="Seconds from SIGTERM to exit: a run still busy then exits with code 143, keeping "
         "the previous checkpoint. Keep it under the platform's own grace (Kubernetes' "
         "terminationGracePeriodSeconds, 30 s by default) so the checkpoint is written before SIGKILL.",
+    )
+    stall_warn_s: float | None = Field(
+        default=300.0,
+        gt=0,
+        description="While rollouts are outstanding, no rollout finishing and no token sampled for this "
+        "long is a stall: the console and train.log get a diagnosis (the outstanding rollouts by agent "
+        "target with the time since their last model call, the engine's queue and last sampled token, "
+        "the learner's state, the likeliest reading), once per stall. Unset: never.",
+    )
+    stall_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A stall this long stops the run with the diagnosis (`rft train` exits 1; `--resume` "
+        "continues from the last checkpoint). Unset: a stall only warns, and rollout_timeout_s still "
+        "ends each rollout.",
     )

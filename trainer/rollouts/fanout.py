@@ -62,6 +62,7 @@ class RolloutRequest:
     inference_params: InferenceParams | None = None
     extras: RftkitExtras | None = None
     row_name: str | None = None  # which dataset row this is, named in a failure's text
+    row_index: int | None = None  # its position in its dataset file, from 0 (transcripts name it)
 
     def payload(self) -> RolloutPayload:
         """The wire payload (the row goes to ``prompt`` as it is)."""
@@ -116,6 +117,8 @@ class Fanout:
         if not targets:
             raise ValueError("give at least one agent target (an http(s) URL or an AgentCore runtime ARN)")
         self._targets = [_Target(target.rstrip("/")) for target in targets]
+        # The target each rollout's attempt in flight was sent to (the stall watchdog groups by it).
+        self.playing_at: dict[str, str] = {}
         self._semaphore = asyncio.Semaphore(max_concurrent)
         self.rollout_timeout_s = rollout_timeout_s
         self.max_retries = max_retries
@@ -261,12 +264,14 @@ class Fanout:
     async def _attempt(self, target: _Target, request: RolloutRequest, body: bytes) -> AgentAnswer:
         target.outstanding += 1
         target.dispatched += 1
+        self.playing_at[request.rollout_id] = target.address
         try:
             if is_runtime_arn(target.address):
                 return await self._invoke_runtime(target.address, request, body)
             return await self._post(target.address, body)
         finally:
             target.outstanding -= 1
+            self.playing_at.pop(request.rollout_id, None)
 
     # --- http(s) targets
 

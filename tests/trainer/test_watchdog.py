@@ -1,0 +1,63 @@
+"""The stall watchdog names what a stuck run waits for: a hung agent is diagnosed as the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.letters.run_files import serving, write_run_files
+from handlers import RolloutContext, rft_app
+from trainer.cli import main as cli_main
+from trainer.run import LOG_FILE
+
+released = threading.Event()
+
+
+async def hang(row: dict[str, Any], ctx: RolloutContext) -> float:
+    """An agent stuck before its first model call (a deadlock, a tool that never answers)."""
+    while not released.is_set():
+        await asyncio.sleep(0.05)
+    return 0.0
+
+
+# What the diagnosis says for the hung agent, numbers aside (docs/operations.md shows one verbatim).
+DIAGNOSIS = (
+    r"stall: no rollout finished and no token sampled for (\d+) s\n"
+    r"  (http://127\.0\.0\.1:\d+): 8 rollouts, the latest model call \d+ s ago\n"
+    r"  engine: 0 running, 0 waiting; no token sampled for \d+ s\n"
+    r"  learner: step 0 done, waiting for step 1's rollouts\n"
+    r"  likeliest: 8 rollouts at (http://127\.0\.0\.1:\d+) made no model call for \d+ s: "
+    r"the agent is stuck, not the model"
+)
+
+
+def test_a_hung_agent_is_diagnosed_then_the_run_stops_with_the_diagnosis(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    released.clear()
+    with serving(rft_app(hang)) as agent_url:
+        try:
+            config_path = write_run_files(
+                tmp_path,
+                tiny_model_dir,
+                agent_url,
+                eval_file=None,
+                max_steps=1,
+                faults={"stall_warn_s": 1, "stall_timeout_s": 3},
+            )
+            code = cli_main([str(config_path)])
+        finally:
+            released.set()
+    assert code == 1
+    err = capsys.readouterr().err
+    stopped = re.search(rf"rft train: {DIAGNOSIS}\nstopped by faults\.stall_timeout_s \(3 s\)", err)
+    assert stopped is not None, err[-3000:]
+    assert int(stopped.group(1)) >= 3 and stopped.group(2) == stopped.group(3) == agent_url
+    # The warning came first, at stall_warn_s, in train.log as on the console.
+    warned = re.search(DIAGNOSIS, (tmp_path / "run" / LOG_FILE).read_text())
+    assert warned is not None and 1 <= int(warned.group(1)) < 3

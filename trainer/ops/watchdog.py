@@ -1,0 +1,156 @@
+"""The stall watchdog: a run that stops making progress says what is outstanding, where, since when.
+
+While rollouts are outstanding, no rollout finishing and no token being sampled for
+``faults.stall_warn_s`` is a stall: the watchdog logs (console and ``train.log``) a diagnosis: the
+outstanding rollouts grouped by the agent target they were sent to, with the time since each group's
+last model call, the engine's queue and the time of its last sampled token, the learner's state, and
+its likeliest reading. After ``faults.stall_timeout_s`` the run stops with that diagnosis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainer.config.faults import FaultsConfig
+
+if TYPE_CHECKING:
+    from policy_server.engines import EngineOccupancy
+    from trainer.run import Run
+
+log = logging.getLogger(__name__)
+
+WAITING = "(waiting for a concurrency slot)"  # a rollout not sent to any agent yet
+
+
+@dataclass
+class _Outstanding:
+    step: int
+    target: str
+    idle_s: float  # since its last model call, or since it was opened if it made none
+
+
+class StallWatchdog:
+    """Polls the run's progress from a thread of its own; ``fatal`` holds the diagnosis that stops it."""
+
+    def __init__(self, faults: FaultsConfig, run: Run) -> None:
+        self.faults = faults
+        self.run = run
+        self.fatal: str | None = None
+        self._progress: tuple[object, ...] = ()
+        self._since = self._last_token_at = time.monotonic()
+        self._sampled: tuple[int, int | None] = (-1, None)
+        self._warned = False
+        self._stop = threading.Event()
+        limits = [value for value in (faults.stall_warn_s, faults.stall_timeout_s) if value is not None]
+        # Every few seconds at most: vLLM's queue is read over HTTP from its /metrics.
+        self._poll_s = min([5.0, *(limit / 4 for limit in limits)])
+        self._thread = threading.Thread(target=self._watch, name="rftkit stall watchdog", daemon=True)
+        self._enabled = bool(limits)
+
+    def start(self) -> StallWatchdog:
+        if self._enabled:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.check(time.monotonic())
+            except Exception:  # the watchdog must never end the run by its own failure
+                log.exception("stall watchdog")
+
+    def check(self, now: float) -> None:
+        """Note progress; past a limit, warn once per stall, then set ``fatal``."""
+        session = self.run.session
+        occupancy = self._occupancy()
+        # Tokens are counted when a call ends; the hf engine's forward passes show a long call's progress.
+        sampled = (
+            session.server.counters(session.job_arn).sample_tokens,
+            occupancy.forward_passes if occupancy is not None else None,
+        )
+        if sampled != self._sampled:
+            self._sampled, self._last_token_at = sampled, now
+        outstanding = self._outstanding(now)
+        pending = list(self.run.pipeline.pending.values())
+        progress = (*sampled, *sorted((rollouts.step, len(rollouts.finished())) for rollouts in pending))
+        if progress != self._progress or not outstanding:
+            self._progress, self._since, self._warned = progress, now, False
+            return
+        stalled_s = now - self._since
+        warn, timeout = self.faults.stall_warn_s, self.faults.stall_timeout_s
+        if warn is not None and stalled_s >= warn and not self._warned:
+            self._warned = True
+            log.warning("%s", self.diagnose(outstanding, stalled_s, now))
+        if timeout is not None and stalled_s >= timeout and self.fatal is None:
+            self.fatal = (
+                f"{self.diagnose(outstanding, stalled_s, now)}\nstopped by faults.stall_timeout_s "
+                f"({timeout:g} s); the last checkpoint is where `--resume` starts"
+            )
+            log.error("%s", self.fatal)
+
+    def _occupancy(self) -> EngineOccupancy | None:
+        """The engine's queue, if it can tell (vLLM's is read from its /metrics, which may not answer)."""
+        occupancy = getattr(self.run.session.server.engine, "occupancy", None)
+        try:
+            return occupancy() if occupancy is not None else None
+        except Exception:
+            return None
+
+    def _outstanding(self, now: float) -> list[_Outstanding]:
+        session = self.run.session
+        found = []
+        for rollouts in list(self.run.pipeline.pending.values()):
+            for request, played in zip(rollouts.requests, list(rollouts.played), strict=True):
+                if played is not None:
+                    continue
+                last = session.server.registry.last_active(session.job_arn, request.rollout_id)
+                target = session.producer.fanout.playing_at.get(request.rollout_id, WAITING)
+                found.append(_Outstanding(rollouts.step, target, now - last if last is not None else 0.0))
+        return found
+
+    def diagnose(self, outstanding: list[_Outstanding], stalled_s: float, now: float) -> str:
+        """The diagnosis, in lines: what is outstanding where, the engine, the learner, the reading."""
+        by_target: dict[str, list[_Outstanding]] = defaultdict(list)
+        for rollout in outstanding:
+            by_target[rollout.target].append(rollout)
+        steps = sorted({rollout.step for rollout in outstanding})
+        lines = [f"stall: no rollout finished and no token sampled for {stalled_s:.0f} s"]
+        for target, group in sorted(by_target.items()):
+            quiet = min(rollout.idle_s for rollout in group)
+            lines.append(f"  {target}: {len(group)} rollouts, the latest model call {quiet:.0f} s ago")
+        occupancy = self._occupancy()
+        queue = "queue unknown"
+        if occupancy is not None:
+            queue = f"{occupancy.running} running, {occupancy.waiting} waiting"
+        lines.append(f"  engine: {queue}; no token sampled for {now - self._last_token_at:.0f} s")
+        lines.append(
+            f"  learner: step {self.run.state.step} done, waiting for step {steps[0]}'s rollouts"
+            + (f" (steps {', '.join(map(str, steps))} outstanding)" if len(steps) > 1 else "")
+        )
+        engine_busy = occupancy is not None and occupancy.running > 0
+        lines.append(f"  likeliest: {self._reading(by_target, engine_busy)}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _reading(by_target: dict[str, list[_Outstanding]], engine_busy: bool) -> str:
+        if engine_busy:
+            return "the engine holds calls but samples no token: the model server is stuck, not the agents"
+        agents = [(target, group) for target, group in by_target.items() if target != WAITING]
+        if not agents:
+            return "no rollout reached an agent: every concurrency slot is held (max_concurrent_rollouts)"
+        target, group = max(agents, key=lambda item: len(item[1]))
+        quiet = min(rollout.idle_s for rollout in group)
+        return (
+            f"{len(group)} rollouts at {target} made no model call for {quiet:.0f} s: "
+            "the agent is stuck, not the model"
+        )
