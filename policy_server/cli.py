@@ -132,7 +132,18 @@ def _job_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ARN",
         help="open a job with this ARN that accepts any rollout id (for agent development)",
     )
-    parser.add_argument("--max-tokens", type=int, default=1024, help="max_tokens cap of the --open-job job")
+    parser.add_argument(
+        "--inference",
+        action="store_true",
+        help="a plain OpenAI-compatible inference server: calls need no job headers and nothing of "
+        "them is kept (no traces, no rollout caps); --max-tokens caps each call",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens cap of the --open-job job or of --inference calls",
+    )
     parser.add_argument(
         "--max-calls-per-rollout", type=int, default=64, help="call cap per rollout of the --open-job job"
     )
@@ -230,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         adapters_dir=args.adapters_dir,
         sagemaker_tokens=tokens,
         image_limits=_image_limits(args),
+        inference_max_tokens=args.max_tokens if args.inference else None,
     )
     try:
         thread = serve_gateway(
@@ -269,6 +281,11 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more"
     if args.gateway_workers < 1 or (args.gateway_workers > 1 and args.engine != "vllm"):
         return "--gateway-workers is at least 1, and more than 1 needs --engine vllm"
+    if args.inference and (args.open_job or args.gateway_workers > 1):
+        return (
+            "--inference serves calls without jobs, in this process: drop --open-job and "
+            "--gateway-workers (for more throughput, serve an export with vLLM itself: docs/serving.md)"
+        )
     return None
 
 
@@ -281,7 +298,12 @@ def _announce(
 ) -> None:
     """Open the development job, if asked, and print what a client needs to call the server."""
     print(f"OpenAI-compatible endpoint: {url}/v1  (model: {args.policy_name!r} or 'default')")
-    if args.open_job:
+    if args.inference:
+        print(
+            "inference server: calls need no job headers and nothing of them is kept "
+            f"(max_tokens {args.max_tokens} at most)"
+        )
+    elif args.open_job:
         server.open_job(
             args.open_job,
             max_tokens=args.max_tokens,

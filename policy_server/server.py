@@ -68,13 +68,16 @@ class PolicyServer:
         sagemaker_tokens: SageMakerTokenPolicy | None = None,
         image_limits: ImageLimits | None = None,
         image_store: ImageStore | None = None,
+        inference_max_tokens: int | None = None,
     ) -> None:
         """``api_key`` guards what agents call; ``admin_key``, when given, serves ``/admin/*`` over
         HTTP to its holder (never to an agent's key); ``adapters_dir`` is the only directory
         ``/admin/load-adapter`` loads from. The Python API below is the trainer's and takes any path.
         ``image_limits``: what a call's images may be; ``image_store``: where the images of recorded
         calls are kept, content-addressed, until their traces are released (unset: a store in a
-        temporary directory, removed with the server).
+        temporary directory, removed with the server). ``inference_max_tokens``, when given, makes it a
+        plain inference server (``rft serve --inference``): chat calls need no job headers, are capped
+        at that many tokens, and nothing of them is kept (:meth:`infer`).
         """
         if admin_key and admin_key == api_key:
             raise ValueError("The admin key must differ from the agents' API key: agents hold theirs.")
@@ -88,6 +91,7 @@ class PolicyServer:
         self.max_body_bytes = max_body_bytes
         self.image_limits = image_limits or ImageLimits()
         self.image_store = image_store if image_store is not None else ImageStore.temporary()
+        self.inference_max_tokens = inference_max_tokens
         self.registry = JobRegistry()
         self._versions = AdapterVersions()
         self._adapter_lock: asyncio.Lock | None = None
@@ -263,7 +267,9 @@ class PolicyServer:
     ) -> GenerationResult:
         """Sample one chat call for a rollout and record it; raises Rejection (4xx) or EngineError (5xx)."""
         started_at = time.time()
-        generation = self._admissible(job_arn, rollout_id, request)
+        limits = self.registry.limits(job_arn)
+        self.registry.check_rollout(job_arn, rollout_id)
+        generation = self._admissible(request, limits.max_tokens)
         # Only a valid request opens a rollout of an auto-opening job (start_call does).
         ticket = self.registry.start_call(job_arn, rollout_id)
         if generation.seed is not None:
@@ -286,10 +292,20 @@ class PolicyServer:
         self.registry.record_call(ticket, record)
         return result
 
-    def _admissible(self, job_arn: str, rollout_id: str, request: ChatCompletionRequest) -> GenerationRequest:
+    async def infer(self, request: ChatCompletionRequest) -> GenerationResult:
+        """Sample one chat call outside any job (an inference server): on the current adapter version,
+        with the call's own seed, and nothing recorded, so calls never run into a job's caps."""
+        if self.inference_max_tokens is None:
+            raise Rejection(400, "This server serves calls of open jobs only; send the job headers.")
+        generation = self._admissible(request, self.inference_max_tokens)
+        version = self._versions.acquire(("", ""))  # no rollout is pinned under the empty key
+        generation.adapter_version = version
+        result = await self._generate(generation, version)
+        self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
+        return result
+
+    def _admissible(self, request: ChatCompletionRequest, max_tokens: int) -> GenerationRequest:
         """The engine's request for a call this server accepts (images decoded); a Rejection otherwise."""
-        limits = self.registry.limits(job_arn)
-        self.registry.check_rollout(job_arn, rollout_id)
         if request.model not in self.model_names:
             raise Rejection(
                 404, f"Model {request.model!r} is not served here; use {self.policy_name!r} or 'default'."
@@ -298,7 +314,7 @@ class PolicyServer:
             raise Rejection(
                 400, "This policy's model is text-only and takes no image inputs; send text content only."
             )
-        generation = generation_request(request, max_tokens_cap=limits.max_tokens)
+        generation = generation_request(request, max_tokens_cap=max_tokens)
         try:
             generation.images = request_images(generation.messages, self.image_limits)
         except ImageError as error:

@@ -5,6 +5,7 @@ produced (:class:`RunSummary`).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import uuid
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 ADAPTERS_KEPT = 2  # the version being served and the one before it (calls may still be using it)
 LOG_FILE = "train.log"
+RUN_CONFIG_FILE = "config.json"  # the run's config as it started, secrets left out
 LOG_HANDLER_NAME = "rftkit-train-log"  # the handler writing LOG_FILE, found by name to write it alone
 
 
@@ -181,7 +183,10 @@ def _metrics_logger(config: TrainConfig, state: RunState, resumed_from: Path | N
     )
     state.mlflow_run_id = metrics.mlflow_run_id
     if not resumed_from:
-        metrics.log_params(config.model_dump(mode="json", exclude={"policy_server": {"api_key"}}))
+        params = config.model_dump(mode="json", exclude={"policy_server": {"api_key"}})
+        metrics.log_params(params)
+        # Read back by `rft export` for the model card and the chat template the policy was served with.
+        (run_dir / RUN_CONFIG_FILE).write_text(json.dumps(params, indent=1))
     return metrics
 
 

@@ -40,11 +40,12 @@ from policy_server.http.bodies import (
     parse_model,
     read_body,
 )
-from policy_server.http.chat_api import parse_request
+from policy_server.http.chat_api import ChatCompletionRequest, parse_request
 from policy_server.http.chat_replies import CompletionIds, completion_body, stream_chunks
 from policy_server.http.responses import ClientGone, error_response, sse, unless_disconnected
 
 if TYPE_CHECKING:
+    from policy_server.engines.base import GenerationResult
     from policy_server.server import PolicyServer
 
 
@@ -59,6 +60,8 @@ async def _body(request: Request) -> bytes:
 
 async def chat_completions(request: Request) -> Response:
     server = _server(request)
+    if server.inference_max_tokens is not None:
+        return await _inference_call(request)
     job_arn = request.headers.get(JOB_ARN_HEADER)
     rollout_id = request.headers.get(TRAJECTORY_ID_HEADER)
     try:
@@ -79,6 +82,27 @@ async def chat_completions(request: Request) -> Response:
         return error_response(request.url.path, 500, str(error))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; uvicorn drops it
+    return _completion_response(server, chat, result)
+
+
+async def _inference_call(request: Request) -> Response:
+    """A call to an inference server (``rft serve --inference``): no job, no rollout, no trace."""
+    server = _server(request)
+    try:
+        chat = parse_request(await _body(request))
+        result = await unless_disconnected(request, server.infer(chat))
+    except Rejection as rejection:
+        return error_response(request.url.path, rejection.status_code, rejection.message)
+    except EngineError as error:
+        return error_response(request.url.path, 500, str(error))
+    except ClientGone:
+        return Response(status_code=499)
+    return _completion_response(server, chat, result)
+
+
+def _completion_response(
+    server: PolicyServer, chat: ChatCompletionRequest, result: GenerationResult
+) -> Response:
     ids = CompletionIds(server.policy_name)
     if not chat.stream:
         return JSONResponse(completion_body(result, ids, logprobs=chat.logprobs))

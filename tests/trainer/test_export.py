@@ -1,0 +1,115 @@
+"""``rft export``: a run directory's newest adapter written as a peft adapter and as merged weights, each
+checked in the command; the exports then loaded here as a server would, with plain transformers + peft.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from policy_server.models import load_tokenizer
+from trainer.export.cli import main
+from trainer.ops.status import METRICS_FILE
+from trainer.run import RUN_CONFIG_FILE
+
+PROMPT = [{"role": "user", "content": "Route this ticket to billing."}]
+
+
+def _run_dir(root: Path, model: Path, make_adapter: Callable[..., Path]) -> Path:
+    """A run directory as `rft train` leaves it: adapters/v1 and v2, metrics.jsonl, config.json."""
+    run = root / "run"
+    for version in (1, 2):
+        make_adapter(run / "adapters" / f"v{version}", seed=10 + version)
+    evaluation = {"step": 2, "success_rate": 0.625, "mean_reward": 0.5, "scored": 8, "failed": 0}
+    records = [
+        {"step": 1, "adapter_version": 1},
+        {"step": 2, "adapter_version": 2, "eval": {**evaluation, "adapter_version": 2}},
+    ]
+    (run / METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+    config = {"model": str(model), "chat_template": "chatml-tools", "learning_rate": 0.0006, "lora": {"r": 8}}
+    (run / RUN_CONFIG_FILE).write_text(json.dumps(config))
+    return run
+
+
+@torch.no_grad()
+def _logits(model: torch.nn.Module, tokenizer: Any) -> torch.Tensor:
+    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+    return model(input_ids=ids).logits[0]
+
+
+def test_export_of_a_run_as_adapter_and_merged(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = _run_dir(tmp_path, tiny_model_dir, random_adapter)
+    newest = run / "adapters" / "v2"
+
+    assert main([str(run), str(tmp_path / "adapter")]) == 0
+    printed = capsys.readouterr().out
+    assert "3 chat prompts, 16 greedy tokens each, the same tokens" in printed, printed
+    assert "--enable-lora --lora-modules adapter=" in printed
+    exported = tmp_path / "adapter"
+    assert (
+        load_file(exported / "adapter_model.safetensors").keys()
+        == load_file(newest / "adapter_model.safetensors").keys()
+    )
+    assert json.loads((exported / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        tiny_model_dir.resolve()
+    )
+    card = (exported / "README.md").read_text()
+    assert "adapter version 2" in card and "after step 2" in card and "success 62.5%" in card
+    assert "`learning_rate` | `0.0006`" in card and "chat_template.jinja" in card
+
+    assert main([str(run), str(tmp_path / "merged"), "--merge"]) == 0
+    assert "the same tokens" in capsys.readouterr().out
+    merged_dir = tmp_path / "merged"
+    # Loaded as a plain model directory, as transformers or vLLM would: the policy's logits, and the
+    # run's chat template in its tokenizer.
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    policy = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), newest
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir)
+    assert tokenizer.chat_template == load_tokenizer(tiny_model_dir, "chatml-tools").chat_template
+    difference = (_logits(merged, tokenizer) - _logits(policy, tokenizer)).abs().max().item()
+    assert difference < 1e-4, difference
+    assert "merged weights" in (merged_dir / "README.md").read_text()
+
+
+def test_export_fails_with_a_sentence_when_the_check_fails(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    adapter = random_adapter(tmp_path / "adapter", seed=4)
+    # Merging changes the order of the sums, so its logprobs differ from the policy's by a little
+    # more than nothing: a zero tolerance must fail the export and leave nothing behind.
+    out = tmp_path / "merged"
+    assert main([str(adapter), str(out), "--merge", "--tolerance", "0"]) == 1
+    printed = capsys.readouterr().out
+    assert "above the tolerance 0e+00; nothing was written to" in printed, printed
+    assert not out.exists() and sorted(path.name for path in tmp_path.iterdir()) == ["adapter"]
+
+
+def test_export_refuses_what_is_neither_a_run_nor_an_adapter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert main([str(tmp_path), str(tmp_path / "out")]) == 1
+    assert (
+        "is neither a run directory (the output_dir of `rft train`, with adapters/vN) nor a peft adapter"
+        in (capsys.readouterr().out)
+    )
+    assert not (tmp_path / "out").exists()
