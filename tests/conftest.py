@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "trainer/test_smollm2_training.py",  # 191
     "trainer/test_ray_demo.py",  # 142
     "policy_server/test_vllm_engine.py",  # 131
+    "trainer/test_export_vllm.py",  # 110 alone (one vLLM start), not yet in a whole-suite run
     "policy_server/test_vllm_attach.py",  # 92
     "bench/test_device_check.py",  # 88
     "policy_server/test_smollm2.py",  # 78
