@@ -22,6 +22,7 @@ from trainer.learner.checkpoint import LoadedCheckpoint, RunState, latest_checkp
 from trainer.learner.learner import Learner
 from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
 from trainer.ops.prometheus import StepExporter
+from trainer.ops.transcripts import TranscriptKeeper
 from trainer.rollouts.dataset import dataset_row_name, derived_seed, next_rows, prompts, read_rows
 from trainer.rollouts.evaluation import EvalResult, evaluate
 from trainer.rollouts.fanout import RolloutRequest
@@ -78,6 +79,7 @@ class Run:
     totals: dict[str, int] = field(default_factory=dict)
     counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
     on_evaluation: EvaluationHook | None = None
+    transcripts: TranscriptKeeper | None = None  # a few episodes of each step and evaluation, for `rft show`
 
     @property
     def run_dir(self) -> Path:
@@ -138,9 +140,11 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
         max_steps=config.max_steps,
         make_requests=session.train_requests,
     )
-    return Run(
-        config, train_rows, eval_rows, learner, state, resumed_from, metrics, session, pipeline, loaded
+    run = Run(config, train_rows, eval_rows, learner, state, resumed_from, metrics, session, pipeline, loaded)
+    run.transcripts = TranscriptKeeper(
+        run_dir, config.transcripts, config.seed, base_model, config.chat_template
     )
+    return run
 
 
 def _rows(config: TrainConfig) -> tuple[list[Any], list[Any]]:
@@ -250,6 +254,8 @@ def evaluate_run(run: Run, step: int) -> EvalResult:
             adapter_version=run.state.adapter_version,
             generations=config.eval_generations,
         )
+        if run.transcripts is not None:
+            run.transcripts.keep_eval(step, played)
         if run.on_evaluation is not None:
             run.on_evaluation(step, played, run.metrics)
     finally:

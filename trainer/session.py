@@ -120,6 +120,7 @@ class Session:
         temperature: float,
         seed: int,
         row_name: str | None = None,
+        row_index: int | None = None,
     ) -> RolloutRequest:
         params = InferenceParams(
             temperature=temperature,
@@ -136,6 +137,7 @@ class Session:
             inference_params=params,
             extras=self.extras,
             row_name=row_name,
+            row_index=row_index,
         )
 
     def play(self, requests: list[RolloutRequest]) -> list[PlayedRollout]:
@@ -168,6 +170,7 @@ class Session:
                 temperature=config.temperature,
                 seed=derived_seed(config.seed, "train", step, group, member),
                 row_name=dataset_row_name(config.train_file, index),
+                row_index=index,
             )
             for group, (index, row) in enumerate(picked)
             for member in range(config.num_generations)

@@ -235,7 +235,7 @@ def test_every_field_is_documented() -> None:
         for field in TrainConfig.model_fields.values()
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
     ]
-    assert len(sections) == 9
+    assert len(sections) == 11  # TrainConfig and its sections (ray, optional, is not counted)
     for section in sections:
         for name, field in section.model_fields.items():
             assert field.description, f"{section.__name__}.{name} has no description"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from trainer.config.common import BASE_DIR_KEY, ConfigError, ImportanceSamplingMode, RewardAggregation
 from trainer.config.docs import EXAMPLE_COMMAND, render_markdown
 from trainer.config.engines import HFEngineConfig, VLLMConfig
-from trainer.config.fidelity import FidelityConfig
+from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.loading import load_config, validate_config
 from trainer.config.lora import LoraConfig
@@ -36,6 +36,7 @@ __all__ = [
     "RewardAggregation",
     "TokenPrices",
     "TrainConfig",
+    "TranscriptsConfig",
     "VLLMConfig",
     "load_config",
     "render_markdown",

@@ -1,4 +1,5 @@
-"""The fidelity section: limits on how far training may drift from what sampling did."""
+"""The fidelity section (limits on how far training may drift from what sampling did) and the
+transcripts section (episodes kept to read what sampling did: `rft show`)."""
 
 from __future__ import annotations
 
@@ -50,4 +51,23 @@ class FidelityConfig(_Section):
         description="Most share of a step's calls whose completion looks like a tool call (a tool-call "
         "marker such as <tool_call> left in its content) but did not parse into one. A policy still "
         "learning the format writes such calls; unset: reported, not enforced.",
+    )
+
+
+class TranscriptsConfig(_Section):
+    """Episodes kept as JSONL in `output_dir/transcripts/` for `rft show` (operations.md)."""
+
+    per_step: int = Field(
+        default=4,
+        ge=0,
+        description="Episodes kept of each training step (transcripts/step-NNNN.jsonl), picked by the "
+        "seed and the step, so the same seed keeps the same episodes; 0: none; more than the step's "
+        "rollouts: all of them.",
+    )
+    per_eval: int = Field(
+        default=4,
+        ge=0,
+        description="Episodes kept of each evaluation (transcripts/eval-NNNN.jsonl, NNNN the step it "
+        "followed), picked by the seed alone: every evaluation keeps the same rows and seeds, so before "
+        "and after read side by side; 0: none.",
     )

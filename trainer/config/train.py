@@ -21,7 +21,7 @@ from trainer.config.common import (
 )
 from trainer.config.engines import HFEngineConfig, VLLMConfig
 from trainer.config.faults import FaultsConfig
-from trainer.config.fidelity import FidelityConfig
+from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.lora import LoraConfig
 from trainer.config.placement import PlacementConfig
@@ -196,16 +196,15 @@ class TrainConfig(_Section):
     max_off_policy_steps: int = Field(
         default=0,
         ge=0,
-        description="Asynchronous training: how many adapter versions a rollout may lag the policy "
-        "it trains (verl's staleness threshold, slime's/AReaL's max off-policy steps; TRL has no "
-        "equivalent). 0: synchronous, each step samples with the adapter of the step before. k >= 1: "
-        "while the learner trains step s, the rollouts of steps s+1..s+k are played; the rollouts of "
-        "step s start once step s-1-k is trained and all sample on that adapter (pacing by step, so a "
-        "seeded run repeats exactly). Each rollout ends on the version it began with; the clipped "
-        "ratio against the sampler's recorded logprobs (or the sampler-to-learner weight, with "
-        "vllm_importance_sampling_correction) corrects the lag; no finished rollout is discarded. "
-        "Metrics: staleness/mean and staleness/max per step. With the vllm engine, max_loras must "
-        "hold k + 2 adapters.",
+        description="Asynchronous training: how many adapter versions a rollout may lag the policy it trains "
+        "(verl's staleness threshold, slime's/AReaL's max off-policy steps; TRL has no equivalent). 0: "
+        "synchronous, each step samples with the adapter of the step before. k >= 1: while the learner "
+        "trains step s, the rollouts of steps s+1..s+k are played; the rollouts of step s start once step "
+        "s-1-k is trained and all sample on that adapter (pacing by step, so a seeded run repeats exactly). "
+        "Each rollout ends on the version it began with; the clipped ratio against the sampler's recorded "
+        "logprobs (or the sampler-to-learner weight, with vllm_importance_sampling_correction) corrects the "
+        "lag; no finished rollout is discarded. Metrics: staleness/mean and staleness/max per step. With the "
+        "vllm engine, max_loras must hold k + 2 adapters.",
     )
 
     # --- optimizer and schedule
@@ -281,6 +280,7 @@ class TrainConfig(_Section):
         default_factory=FidelityConfig,
         description="Limits on each step's sampler/learner agreement; past one the run stops.",
     )
+    transcripts: TranscriptsConfig = Field(default_factory=TranscriptsConfig, description="Episodes kept.")
 
     @model_validator(mode="before")
     @classmethod

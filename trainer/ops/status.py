@@ -14,10 +14,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainer.ops.run_figures import agent_metrics_lines, fidelity_lines
+
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "train.log"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
+STALL_FILE = "stall.txt"  # the stall watchdog's diagnosis while the run is stalled (trainer.ops.watchdog)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ def render(status: RunStatus, last: int = 0, now: float | None = None) -> str:
     lines = [f"run: {status.run_dir}", ""]
     if len(shown) < len(status.records):
         lines.append(f"(the last {len(shown)} of {len(status.records)} steps; --last 0 shows all)")
-    return "\n".join([*lines, step_table(shown), "", *summary(status, now), *ending])
+    figures = [*agent_metrics_lines(status.records), *fidelity_lines(status.records)]
+    return "\n".join([*lines, step_table(shown), "", *summary(status, now), *figures, *ending])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,4 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft status: {error}")
         return 2
     print(render(status, args.last))
+    stall = args.run_dir / STALL_FILE
+    if stall.is_file():
+        print(f"\nstalled now:\n{stall.read_text()}")
     return 0
