@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ import pytest
 from agents.letters.run_files import serving, write_run_files
 from handlers import RolloutContext, rft_app
 from trainer.cli import main as cli_main
+from trainer.ops.status import STALL_FILE
+from trainer.ops.status import main as status_main
 from trainer.run import LOG_FILE
 
 released = threading.Event()
@@ -36,6 +41,17 @@ DIAGNOSIS = (
 )
 
 
+def _status_while_stalled(run_dir: Path, shown: list[str]) -> None:
+    """`rft status RUN` once the stall is on (its output captured apart from the test's own)."""
+    deadline = time.monotonic() + 120
+    while not (run_dir / STALL_FILE).is_file() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status_main([str(run_dir)])
+    shown.append(out.getvalue())
+
+
 def test_a_hung_agent_is_diagnosed_then_the_run_stops_with_the_diagnosis(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -50,7 +66,11 @@ def test_a_hung_agent_is_diagnosed_then_the_run_stops_with_the_diagnosis(
                 max_steps=1,
                 faults={"stall_warn_s": 1, "stall_timeout_s": 3},
             )
+            shown: list[str] = []
+            watching = threading.Thread(target=_status_while_stalled, args=(tmp_path / "run", shown))
+            watching.start()
             code = cli_main([str(config_path)])
+            watching.join()
         finally:
             released.set()
     assert code == 1
@@ -58,6 +78,9 @@ def test_a_hung_agent_is_diagnosed_then_the_run_stops_with_the_diagnosis(
     stopped = re.search(rf"rft train: {DIAGNOSIS}\nstopped by faults\.stall_timeout_s \(3 s\)", err)
     assert stopped is not None, err[-3000:]
     assert int(stopped.group(1)) >= 3 and stopped.group(2) == stopped.group(3) == agent_url
+    # `rft status` showed the live stall; it shows none once the run is over.
+    assert re.search(rf"stalled now:\n{DIAGNOSIS}", shown[0]) is not None, shown
+    assert not (tmp_path / "run" / STALL_FILE).exists()
     # The warning came first, at stall_warn_s, in train.log as on the console.
     warned = re.search(DIAGNOSIS, (tmp_path / "run" / LOG_FILE).read_text())
     assert warned is not None and 1 <= int(warned.group(1)) < 3

@@ -4,7 +4,8 @@ While rollouts are outstanding, no rollout finishing and no token being sampled 
 ``faults.stall_warn_s`` is a stall: the watchdog logs (console and ``train.log``) a diagnosis: the
 outstanding rollouts grouped by the agent target they were sent to, with the time since each group's
 last model call, the engine's queue and the time of its last sampled token, the learner's state, and
-its likeliest reading. After ``faults.stall_timeout_s`` the run stops with that diagnosis.
+its likeliest reading; ``rft status RUN`` shows it while the stall lasts (``stall.txt``). After
+``faults.stall_timeout_s`` the run stops with that diagnosis.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainer.config.faults import FaultsConfig
+from trainer.ops.status import STALL_FILE
 
 if TYPE_CHECKING:
     from policy_server.engines import EngineOccupancy
@@ -51,6 +53,7 @@ class StallWatchdog:
         self._poll_s = min([5.0, *(limit / 4 for limit in limits)])
         self._thread = threading.Thread(target=self._watch, name="rftkit stall watchdog", daemon=True)
         self._enabled = bool(limits)
+        self._stall_file = run.run_dir / STALL_FILE
 
     def start(self) -> StallWatchdog:
         if self._enabled:
@@ -61,6 +64,7 @@ class StallWatchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._stall_file.unlink(missing_ok=True)
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
@@ -85,12 +89,16 @@ class StallWatchdog:
         progress = (*sampled, *sorted((rollouts.step, len(rollouts.finished())) for rollouts in pending))
         if progress != self._progress or not outstanding:
             self._progress, self._since, self._warned = progress, now, False
+            self._stall_file.unlink(missing_ok=True)
             return
         stalled_s = now - self._since
         warn, timeout = self.faults.stall_warn_s, self.faults.stall_timeout_s
         if warn is not None and stalled_s >= warn and not self._warned:
             self._warned = True
-            log.warning("%s", self.diagnose(outstanding, stalled_s, now))
+            diagnosis = self.diagnose(outstanding, stalled_s, now)
+            log.warning("%s", diagnosis)
+            # What `rft status RUN` shows while the stall lasts.
+            self._stall_file.write_text(diagnosis + "\n")
         if timeout is not None and stalled_s >= timeout and self.fatal is None:
             self.fatal = (
                 f"{self.diagnose(outstanding, stalled_s, now)}\nstopped by faults.stall_timeout_s "
