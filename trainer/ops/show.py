@@ -42,7 +42,7 @@ def read_episodes(run_dir: Path, kind: str, step: int | None) -> tuple[int, list
     chosen = steps[-1] if step is None else step
     if chosen not in steps:
         label = "steps" if kind == "step" else "evaluations after steps"
-        raise ShowError(f"no transcripts of {kind} {chosen} in {run_dir}; kept: {label} {_ranges(steps)}")
+        raise ShowError(f"no transcripts of {kind} {chosen} in {run_dir}; kept: {label} {_listed(steps)}")
     episodes = []
     path = run_dir / TRANSCRIPTS_DIR / f"{kind}-{chosen:04d}.jsonl"
     for line in path.read_text().splitlines():
@@ -141,7 +141,7 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines() or [""])
 
 
-def _ranges(steps: list[int]) -> str:
+def _listed(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) if steps else "none"
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from handlers import FailureCause
 from policy_server import CallRecord
 from policy_server.http import parse_tool_calls
 from trainer.config import TranscriptsConfig
@@ -140,8 +141,8 @@ def call_view(call: CallRecord, decode: Decode) -> dict[str, Any]:
     }
 
 
-def _cause(cause: Any) -> str | None:
-    return None if cause is None else str(cause.value)
+def _cause(cause: FailureCause | None) -> str | None:
+    return None if cause is None else cause.value
 
 
 def _strict(value: Any) -> Any:
