@@ -15,8 +15,12 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from policy_server.models import load_tokenizer
+from trainer.config import load_config
 from trainer.export.cli import main
+from trainer.loop import train
 from trainer.ops.status import METRICS_FILE
 from trainer.run import RUN_CONFIG_FILE
 
@@ -85,6 +89,30 @@ def test_export_of_a_run_as_adapter_and_merged(
     difference = (_logits(merged, tokenizer) - _logits(policy, tokenizer)).abs().max().item()
     assert difference < 1e-4, difference
     assert "merged weights" in (merged_dir / "README.md").read_text()
+
+
+def test_export_of_a_real_run_names_its_version_steps_evaluation_and_config(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serving(app) as agent_url:
+        config = load_config(write_run_files(tmp_path, tiny_model_dir, agent_url, max_steps=2, save_steps=2))
+        summary = train(config)
+    assert summary.adapter_dir == config.output_dir / "adapters" / "v2"
+    capsys.readouterr()
+
+    out = tmp_path / "export"
+    assert main([str(config.output_dir), str(out)]) == 0
+    assert "the same tokens" in capsys.readouterr().out
+    # A float32 base keeps the trained float32 weights exactly.
+    trained = load_file(summary.adapter_dir / "adapter_model.safetensors")
+    exported = load_file(out / "adapter_model.safetensors")
+    assert trained.keys() == exported.keys()
+    assert all(torch.equal(trained[name], exported[name]) for name in trained)
+    card = (out / "README.md").read_text()
+    assert f"adapter version 2 of the run `{config.output_dir}`, published after step 2" in card
+    final = summary.evaluations[-1]
+    assert f"At step 2 (adapter version 2): success {final['success_rate']:.1%}" in card
+    assert "| `learning_rate` | `0.005` |" in card and "| `num_generations` | `4` |" in card
 
 
 def test_export_fails_with_a_sentence_when_the_check_fails(

@@ -43,9 +43,11 @@ def _evaluation(evaluation: dict[str, Any] | None) -> list[str]:
     if evaluation is None:
         return ["The run recorded no evaluation."]
     failures = f", {evaluation['failed']} failed" if evaluation.get("failed") else ""
+    reward = evaluation.get("mean_reward")
+    reward_text = "-" if reward is None else format(reward, ".4f")  # null: no rollout was scored
     return [
         f"At step {evaluation.get('step')} (adapter version {evaluation.get('adapter_version')}): success "
-        f"{evaluation.get('success_rate', 0.0):.1%}, mean reward {evaluation.get('mean_reward')}, "
+        f"{evaluation.get('success_rate', 0.0):.1%}, mean reward {reward_text}, "
         f"{evaluation.get('scored')} rollouts scored{failures}."
     ]
 
