@@ -115,6 +115,24 @@ def test_export_of_a_real_run_names_its_version_steps_evaluation_and_config(
     assert "| `learning_rate` | `0.005` |" in card and "| `num_generations` | `4` |" in card
 
 
+def test_export_casts_the_adapter_to_a_bfloat16_base(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = tmp_path / "base-bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(base)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(base)
+    trained = random_adapter(tmp_path / "adapter", seed=6)  # float32, as the learner saves it
+
+    assert main([str(trained), str(tmp_path / "out"), "--model", str(base)]) == 0
+    printed = capsys.readouterr().out
+    assert "as the adapter in bfloat16" in printed and "(tolerance 5e-02)" in printed, printed
+    exported = load_file(tmp_path / "out" / "adapter_model.safetensors")
+    assert {tensor.dtype for tensor in exported.values()} == {torch.bfloat16}
+
+
 def test_export_fails_with_a_sentence_when_the_check_fails(
     tiny_model_dir: Path,
     tmp_path: Path,
