@@ -68,6 +68,7 @@ _LAZY: dict[str, str] = {
     # the credential on an agent's calls, judged once (the gateway's check, and rft smoke's)
     "agent_refusal": "handlers.credentials",
     "credential_sent": "handlers.credentials",
+    "exposure_refusal": "handlers.credentials",
     # the bearer tokens AWS's SageMaker SDK signs (the gateway's check, and rft smoke's)
     **dict.fromkeys(
         ["TOKEN_PREFIX", "SageMakerTokenPolicy", "TokenRejected", "check_token", "parse_token"],
@@ -108,7 +109,7 @@ if TYPE_CHECKING:
         runtime_session_id,
     )
     from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
-    from handlers.credentials import agent_refusal, credential_sent
+    from handlers.credentials import agent_refusal, credential_sent, exposure_refusal
     from handlers.decorator import rft_app, rft_handler
     from handlers.episode_errors import ends_episode, refused_by_endpoint
     from handlers.lazy import lazy_attributes
@@ -206,6 +207,7 @@ __all__ = [
     "lazy_attributes",
     "agent_refusal",
     "credential_sent",
+    "exposure_refusal",
     "TOKEN_PREFIX",
     "SageMakerTokenPolicy",
     "TokenRejected",

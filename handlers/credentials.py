@@ -3,12 +3,14 @@
 
 A run hands its agents ``policy_server.api_key`` (the payload's ``rftkit.apiKey``, which the ``ctx``
 clients send); with ``accept_sagemaker_tokens`` it also takes the bearer tokens AWS's SageMaker SDK
-signs. Without either it takes every call.
+signs. Without either it takes every call, which a gateway reachable from other machines refuses to
+do unless told so (:func:`exposure_refusal`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 from handlers.sagemaker_tokens import TOKEN_PREFIX, SageMakerTokenPolicy
 
@@ -61,3 +63,30 @@ def credential_sent(authorization: str, api_key: str | None) -> str:
     if is_sagemaker_bearer(authorization):
         return SAGEMAKER_TOKEN
     return OTHER_BEARER if authorization.strip() else NO_CREDENTIAL
+
+
+# The settings that guard a gateway, named where it refuses to serve unguarded.
+UNGUARDED_REMEDY = (
+    "Give the agents a key (policy_server.api_key: leave it unset for a fresh key per run, or set your "
+    "own; rft serve --api-key), bind 127.0.0.1, or, on a network you trust, set "
+    "policy_server.allow_unauthenticated_network: true (rft serve --allow-unauthenticated-network)."
+)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve to anything
+        return False
+
+
+def exposure_refusal(host: str, api_key: str | None, sagemaker_tokens: bool) -> str | None:
+    """Why a gateway on ``host`` with these credentials must not start unless told so, or None: it is
+    reachable from other machines and checks no credential."""
+    if api_key or sagemaker_tokens or is_loopback(host):
+        return None
+    return (
+        f"refusing to serve on {host} without any credential check: it is reachable from other "
+        "machines, and anyone who can reach it could use the model, spend its compute and send calls "
+        f"and rewards into open rollouts. {UNGUARDED_REMEDY}"
+    )

@@ -79,12 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--api-key",
         help="the key the endpoint demands and the payload hands the agent, as policy_server.api_key "
-        "(default: a fresh one)",
+        "(default: a fresh one, as a run draws one when policy_server.api_key is unset)",
     )
     parser.add_argument(
         "--no-api-key",
         action="store_true",
-        help="demand no key, as a run without policy_server.api_key",
+        help="demand no key, as a run with policy_server.api_key: none",
     )
     parser.add_argument(
         "--accept-sagemaker-tokens",

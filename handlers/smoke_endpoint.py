@@ -37,7 +37,7 @@ class Demand:
 
     def describe(self) -> str:
         if self.api_key is None and self.sagemaker_tokens is None:
-            return "none (as a run without policy_server.api_key)"
+            return "none (as a run with policy_server.api_key: none)"
         demanded = "the API key the payload handed the agent" if self.api_key is not None else ""
         if self.sagemaker_tokens is not None:
             demanded += " or " if demanded else ""

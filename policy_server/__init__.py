@@ -36,7 +36,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TokenCounters": ("policy_server.trace", "TokenCounters"),
     "call_record": ("policy_server.recording", "call_record"),
     "clipped_for_record": ("policy_server.trace", "clipped_for_record"),
-    "exposure_warning": ("policy_server.running", "exposure_warning"),
+    "check_exposure": ("policy_server.running", "check_exposure"),
     "image_from_bytes": ("policy_server.http.images", "image_from_bytes"),
     "image_from_url": ("policy_server.http.images", "image_from_url"),
     "image_parts": ("policy_server.http.images", "image_parts"),
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from policy_server.image_store import ImageStore, trace_key
     from policy_server.jobs import CallTicket, JobLimits, JobRegistry
     from policy_server.recording import call_record
-    from policy_server.running import ServerThread, exposure_warning
+    from policy_server.running import ServerThread, check_exposure
     from policy_server.server import PolicyServer
     from policy_server.trace import (
         RECORDED_TEXT_CHARS,
@@ -106,7 +106,7 @@ __all__ = [
     "TokenCounters",
     "call_record",
     "clipped_for_record",
-    "exposure_warning",
+    "check_exposure",
     "image_from_bytes",
     "image_from_url",
     "image_parts",

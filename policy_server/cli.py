@@ -7,7 +7,13 @@ import signal
 import threading
 from pathlib import Path
 
-from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER, SageMakerTokenPolicy, ServingThread
+from handlers import (
+    JOB_ARN_HEADER,
+    TRAJECTORY_ID_HEADER,
+    SageMakerTokenPolicy,
+    ServingThread,
+    exposure_refusal,
+)
 from policy_server.engines.base import Engine
 from policy_server.http.images import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -86,6 +92,12 @@ def _network_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key", help="require 'Authorization: Bearer KEY' on the agents' routes (/v1, feedback, /health)"
+    )
+    parser.add_argument(
+        "--allow-unauthenticated-network",
+        action="store_true",
+        help="serve a non-loopback --host without --api-key or --accept-sagemaker-tokens (refused "
+        "otherwise: anyone who reaches it could use the model)",
     )
     parser.add_argument(
         "--admin-key",
@@ -242,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         sagemaker_tokens=tokens,
         image_limits=_image_limits(args),
         inference_max_tokens=args.max_tokens if args.inference else None,
+        allow_unauthenticated_network=args.allow_unauthenticated_network,
     )
     try:
         thread = serve_gateway(
@@ -277,6 +290,9 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return f"{args.adapter} is not a peft adapter directory (no adapter_config.json in it)"
     if args.admin_key and args.admin_key == args.api_key:
         return "--admin-key must differ from --api-key (agents hold the API key)"
+    exposed = exposure_refusal(args.host, args.api_key, args.accept_sagemaker_tokens)
+    if exposed is not None and not args.allow_unauthenticated_network:
+        return exposed
     if min(args.max_image_bytes, args.max_images_per_call, args.max_image_pixels) < 1:
         return "--max-image-bytes, --max-images-per-call and --max-image-pixels must be 1 or more"
     if args.gateway_workers < 1 or (args.gateway_workers > 1 and args.engine != "vllm"):

@@ -7,30 +7,17 @@ itself is :class:`handlers.serving.ServingThread`, the one way rftkit runs uvico
 
 from __future__ import annotations
 
-import ipaddress
-import sys
-
 from starlette.types import ASGIApp
 
-from handlers import HEADER_TIMEOUT_S, ServingThread
+from handlers import HEADER_TIMEOUT_S, ServingThread, exposure_refusal
 from policy_server.server import PolicyServer
 
 
-def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """The warning to print when ``host`` is reachable from other machines and no key guards it."""
-    if api_key:
-        return None
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost may resolve to anything
-        loopback = False
-    if loopback:
-        return None
-    return (
-        f"warning: serving on {host}, reachable from other machines, without an API key: anyone who can "
-        "reach it can use the model, spend its compute and send calls and rewards into open rollouts. "
-        "Pass an API key (policy_server.api_key, rft serve --api-key) or bind 127.0.0.1."
-    )
+def check_exposure(host: str, server: PolicyServer) -> None:
+    """Raise the refusal of :func:`exposure_refusal` unless ``server`` was told to serve unguarded."""
+    refusal = exposure_refusal(host, server.api_key, server.sagemaker_tokens is not None)
+    if refusal is not None and not server.allow_unauthenticated_network:
+        raise RuntimeError(refusal)
 
 
 class ServerThread(ServingThread):
@@ -63,9 +50,8 @@ class ServerThread(ServingThread):
 
     def start(self) -> ServerThread:
         """Start the engine and uvicorn; return once the socket is listening."""
-        warning = exposure_warning(self.host, getattr(self.server or self.app, "api_key", None))
-        if warning is not None:
-            print(warning, file=sys.stderr)
+        if self.server is not None:
+            check_exposure(self.host, self.server)
         super().start()
         return self
 

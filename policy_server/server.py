@@ -69,6 +69,7 @@ class PolicyServer:
         image_limits: ImageLimits | None = None,
         image_store: ImageStore | None = None,
         inference_max_tokens: int | None = None,
+        allow_unauthenticated_network: bool = False,
     ) -> None:
         """``api_key`` guards what agents call; ``admin_key``, when given, serves ``/admin/*`` over
         HTTP to its holder (never to an agent's key); ``adapters_dir`` is the only directory
@@ -78,6 +79,8 @@ class PolicyServer:
         temporary directory, removed with the server). ``inference_max_tokens``, when given, makes it a
         plain inference server (``rft serve --inference``): chat calls need no job headers, are capped
         at that many tokens, and nothing of them is kept (:meth:`infer`).
+        ``allow_unauthenticated_network``: serve a non-loopback address with no credential check
+        (refused otherwise: :func:`policy_server.running.exposure_refusal`).
         """
         if admin_key and admin_key == api_key:
             raise ValueError("The admin key must differ from the agents' API key: agents hold theirs.")
@@ -88,6 +91,7 @@ class PolicyServer:
         self.adapters_dir = Path(adapters_dir).resolve() if adapters_dir is not None else None
         # Accept the SageMaker SDK's signed bearer tokens on the agents' routes (checked offline).
         self.sagemaker_tokens = sagemaker_tokens
+        self.allow_unauthenticated_network = allow_unauthenticated_network
         self.max_body_bytes = max_body_bytes
         self.image_limits = image_limits or ImageLimits()
         self.image_store = image_store if image_store is not None else ImageStore.temporary()

@@ -50,11 +50,14 @@ class Session:
 
     def __init__(self, config: TrainConfig, engine: Engine, images: ImageStore | None = None) -> None:
         self.config = config
+        # Drawn once per run and handed to its agents in their payloads; logged only by its start.
+        api_key = config.policy_server.agents_key()
         self.server = PolicyServer(
             engine,
             policy_name=config.policy_name,
-            api_key=config.policy_server.api_key,
+            api_key=api_key,
             sagemaker_tokens=sagemaker_token_policy(config.policy_server),
+            allow_unauthenticated_network=config.policy_server.allow_unauthenticated_network,
             image_limits=config.policy_server.image_limits(),
             image_store=images,
         )
@@ -73,7 +76,7 @@ class Session:
         # adapters) are method calls on self.server, never served to agents over HTTP.
         self.extras = RftkitExtras(
             model=config.policy_name,
-            api_key=config.policy_server.api_key,
+            api_key=api_key,
             timeout_s=config.rollout_timeout_s,
         )
         self.endpoint = ""
@@ -91,11 +94,22 @@ class Session:
             )
             log.info("Prometheus metrics at %s/metrics", self.metrics_thread.url)
         self.endpoint = self.config.policy_server.public_url or self.thread.url
+        log.info("policy server at %s; agents' credential: %s", self.endpoint, self._credential())
         self.server.open_job(
             self.job_arn,
             max_tokens=self.config.max_completion_length,
             max_calls_per_rollout=self.config.max_calls_per_rollout,
         )
+
+    def _credential(self) -> str:
+        key, settings = self.server.api_key, self.config.policy_server
+        if key is None:
+            return "none (policy_server.api_key: none)"
+        # A prefix tells runs apart in the log without handing the key to whoever reads it.
+        drawn = "policy_server.api_key"
+        if settings.api_key is None:
+            drawn = f"a fresh key for this run ({key[:8]}...)"
+        return drawn + (" or a SageMaker token" if settings.accept_sagemaker_tokens else "")
 
     def close(self) -> None:
         """Close the job (if open), the fan-out and the server."""

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from handlers import MAX_CONNECTIONS, START_TIMEOUT_S, STOP_TIMEOUT_S, LoopThread, tied_popen
 from policy_server.engines.vllm import VLLMEngine
 from policy_server.jobs import CallTicket
-from policy_server.running import ServerThread, exposure_warning
+from policy_server.running import ServerThread, check_exposure
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
 from policy_server.workers.gateway_worker import WORKER_ENV, WorkerSettings
@@ -116,9 +116,7 @@ class GatewayPool:
 
     def start(self) -> GatewayPool:
         """Start the engine and the link here, then the workers; return once all of them listen."""
-        warning = exposure_warning(self.host, self.server.api_key)
-        if warning is not None:
-            print(warning, file=sys.stderr)
+        check_exposure(self.host, self.server)
         self._dir = Path(tempfile.mkdtemp(prefix="rftkit-gateway-"))  # mode 0700: the link is private
         self._sock = _listening_socket(self.host, self.port)
         self.port = self._sock.getsockname()[1]

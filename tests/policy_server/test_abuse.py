@@ -409,12 +409,3 @@ def test_stalled_sockets_and_bodies_are_cut_off(
         while chunk := sock.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer
-
-
-def test_serving_beyond_loopback_without_a_key_warns(
-    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    thread = ServerThread(PolicyServer(HFEngine(tiny_model_dir)), host="0.0.0.0").start()
-    thread.stop()
-    warning = capsys.readouterr().err
-    assert "without an API key" in warning and "rewards into open rollouts" in warning

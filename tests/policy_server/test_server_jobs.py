@@ -10,7 +10,6 @@ import pytest
 
 from handlers.protocol import JOB_NOT_FOUND_MESSAGE, RolloutStatus
 from policy_server.jobs import JobLimits, JobRegistry, Rejection
-from policy_server.running import exposure_warning
 from policy_server.trace import CallRecord
 
 JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/registry"
@@ -133,12 +132,3 @@ def test_gateway_loop_and_trainer_thread_share_the_registry() -> None:
     assert [len(trace.calls) for trace in traces] == [200] * 8
     counters = registry.close_job(JOB)
     assert (counters.calls, counters.prefill_tokens, counters.sample_tokens) == (1600, 4800, 3200)
-
-
-def test_exposure_warning_only_for_reachable_hosts_without_a_key() -> None:
-    assert exposure_warning("127.0.0.1", None) is None
-    assert exposure_warning("localhost", None) is None
-    assert exposure_warning("::1", None) is None
-    assert exposure_warning("0.0.0.0", "key") is None
-    warning = exposure_warning("0.0.0.0", None)
-    assert warning is not None and "without an API key" in warning

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
+
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
-from handlers import http_url
+from handlers import exposure_refusal, http_url
 from policy_server import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -15,6 +18,9 @@ from policy_server import (
     ImageLimits,
 )
 from trainer.config.common import _Section
+
+# policy_server.api_key's value that turns the agents' authentication off.
+NO_API_KEY = "none"
 
 
 class PolicyServerConfig(_Section):
@@ -29,8 +35,17 @@ class PolicyServerConfig(_Section):
     )
     api_key: str | None = Field(
         default=None,
+        min_length=1,
         description="Bearer key agents must send on the routes they call (/v1, feedback, /health); "
-        "it is handed to every agent and opens no admin operation. Unset: no authentication.",
+        "it is handed to every agent in its payload (rftkit.apiKey) and opens no admin operation. "
+        "Unset: a fresh random key for each run (never logged in full). `none`: no authentication "
+        "(on a non-loopback host only with accept_sagemaker_tokens or allow_unauthenticated_network).",
+    )
+    allow_unauthenticated_network: bool = Field(
+        default=False,
+        description="Serve a host reachable from other machines with no credential check (api_key: "
+        "none without accept_sagemaker_tokens): anyone who reaches it can use the model and send calls "
+        "and rewards into the run's rollouts. Off: such a run refuses to start, saying so.",
     )
     accept_sagemaker_tokens: bool = Field(
         default=False,
@@ -81,6 +96,21 @@ class PolicyServerConfig(_Section):
         "staying in the trainer's process (docs/architecture.md). Each worker uses up to one core; "
         "the cost per call is in bench/results/gateway_cpu.json and gateway_overhead.json.",
     )
+
+    def agents_key(self) -> str | None:
+        """The key this run's agents must send: the config's, None for `none`, else a fresh one (each
+        call draws another: a run asks once)."""
+        if self.api_key is None:
+            return f"rft-{secrets.token_urlsafe(24)}"
+        return None if self.api_key.lower() == NO_API_KEY else self.api_key
+
+    @model_validator(mode="after")
+    def _guarded_when_reachable(self) -> PolicyServerConfig:
+        unguarded = self.api_key is not None and self.api_key.lower() == NO_API_KEY
+        refusal = exposure_refusal(self.host, None if unguarded else "key", self.accept_sagemaker_tokens)
+        if refusal is not None and not self.allow_unauthenticated_network:
+            raise ValueError(refusal)
+        return self
 
     @field_validator("public_url")
     @classmethod
