@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "train": ("trainer.cli:main", "GRPO on a LoRA adapter from a YAML or TOML config"),
     "demo": ("agents.maze.demo.demo:main", "the CPU demo: a tiny policy learns to walk mazes"),
+    "eval": (
+        "trainer.evaluate.cli:main",
+        "evaluate the base model and adapters on the eval file, no training: success, reward, vs base",
+    ),
     "status": ("trainer.ops.status:main", "a table of a run in progress or finished, from its directory"),
     "show": ("trainer.ops.show:main", "the episodes a run kept: messages, tool calls, rewards, failures"),
     "export": (

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,8 @@ from trainer.learner.learner import Learner
 from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
 from trainer.ops.prometheus import StepExporter
 from trainer.ops.transcripts import TranscriptKeeper
-from trainer.rollouts.dataset import dataset_row_name, derived_seed, next_rows, prompts, read_rows
-from trainer.rollouts.evaluation import EvalResult, evaluate
-from trainer.rollouts.fanout import RolloutRequest
-from trainer.rollouts.outcomes import RolloutOutcome
+from trainer.rollouts.dataset import next_rows, prompts, read_rows
+from trainer.rollouts.evaluation import EvalResult, evaluate_policy
 from trainer.rollouts.pipeline import RolloutPipeline
 from trainer.rollouts.producer import PlayedRollout
 from trainer.scale.plan import preflight
@@ -148,13 +145,17 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
 
 
 def _rows(config: TrainConfig) -> tuple[list[Any], list[Any]]:
-    """The training rows and the evaluation rows (the first max_eval_rows)."""
+    """The training rows and the evaluation rows."""
     train_rows = prompts(read_rows(config.train_file), config.prompt_column, config.train_file)
-    eval_rows = []
+    return train_rows, read_eval_rows(config)
+
+
+def read_eval_rows(config: TrainConfig) -> list[Any]:
+    """The evaluation rows: the first ``max_eval_rows`` of ``eval_file`` (none without one)."""
+    rows = []
     if config.eval_file is not None:
-        eval_rows = prompts(read_rows(config.eval_file), config.prompt_column, config.eval_file)
-    eval_rows = eval_rows[: config.max_eval_rows] if config.max_eval_rows else eval_rows
-    return train_rows, eval_rows
+        rows = prompts(read_rows(config.eval_file), config.prompt_column, config.eval_file)
+    return rows[: config.max_eval_rows] if config.max_eval_rows else rows
 
 
 def _restore(
@@ -226,40 +227,21 @@ def serve_start_adapter(run: Run) -> None:
 
 def evaluate_run(run: Run, step: int) -> EvalResult:
     """Play the evaluation rows with the current adapter and keep the result in the run's state."""
-    config, session = run.config, run.session
-    played: list[PlayedRollout] = []
 
-    def play(requests: list[RolloutRequest]) -> list[RolloutOutcome]:
-        batch = session.play(requests)
-        played.extend(batch)
-        session.count_eval_tokens(batch)
-        return [rollout.outcome for rollout in batch]
-
-    try:
-        result = evaluate(
-            run.eval_rows,
-            step=step,
-            make_request=lambda index, row, generation: session.request(
-                row,
-                f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
-                index,
-                temperature=config.eval_temperature,
-                # The same seeds at every evaluation: before and after sample with the same random
-                # numbers, so their difference is the policy's, not the dice's.
-                seed=derived_seed(config.seed, "eval", index, generation),
-                row_name=dataset_row_name(config.eval_file, index),
-            ),
-            play=play,
-            success_threshold=config.success_threshold,
-            adapter_version=run.state.adapter_version,
-            generations=config.eval_generations,
-        )
+    def keep(played: list[PlayedRollout]) -> None:
         if run.transcripts is not None:
             run.transcripts.keep_eval(step, played)
         if run.on_evaluation is not None:
             run.on_evaluation(step, played, run.metrics)
-    finally:
-        session.release(played)
+
+    result = evaluate_policy(
+        run.session,
+        run.eval_rows,
+        step=step,
+        adapter_version=run.state.adapter_version,
+        generations=run.config.eval_generations,
+        keep=keep,
+    ).result
     record_evaluation(run, step, result)
     return result
 

@@ -1,18 +1,25 @@
-"""Evaluation on the validation rows: one rollout per row, success rate and mean reward.
+"""Evaluation on the validation rows: ``generations`` rollouts per row, success rate and mean reward.
 
 Failed rollouts are counted by cause and left out of both figures, the same rule as training: an
 infrastructure failure says nothing about the policy, so it is not scored as a zero.
+:func:`evaluate_policy` is the one path that plays an evaluation, for `rft train` and `rft eval` alike.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainer.rollouts.dataset import dataset_row_name, derived_seed
 from trainer.rollouts.fanout import RolloutRequest
 from trainer.rollouts.outcomes import FailureCounts, RolloutOutcome, mean_agent_metrics
+
+if TYPE_CHECKING:
+    from trainer.rollouts.producer import PlayedRollout
+    from trainer.session import Session
 
 
 @dataclass
@@ -73,3 +80,68 @@ def evaluate(
         ]
     )
     return score(step, outcomes, success_threshold, adapter_version)
+
+
+@dataclass
+class PlayedEvaluation:
+    """An evaluation's score, every rollout's outcome (row by row, in request order) and its tokens."""
+
+    result: EvalResult
+    outcomes: list[RolloutOutcome]
+    prefill_tokens: int
+    sample_tokens: int
+
+
+def evaluate_policy(
+    session: Session,
+    rows: Sequence[Any],
+    *,
+    step: int,
+    adapter_version: int,
+    generations: int,
+    keep: Callable[[list[PlayedRollout]], None] | None = None,
+) -> PlayedEvaluation:
+    """Play ``rows`` on the adapter ``session`` serves now, ``generations`` rollouts each.
+
+    Rollout ``generation`` of row ``index`` samples with the seed ``derived_seed(seed, "eval", index,
+    generation)`` at every evaluation of every run of the config: before and after sample with the
+    same random numbers, so their difference is the policy's, not the dice's. ``keep`` sees the
+    played rollouts (traces included) before their images are released.
+    """
+    config = session.config
+    played: list[PlayedRollout] = []
+    before = (session.eval_tokens.prefill_tokens, session.eval_tokens.sample_tokens)
+
+    def play(requests: list[RolloutRequest]) -> list[RolloutOutcome]:
+        batch = session.play(requests)
+        played.extend(batch)
+        session.count_eval_tokens(batch)
+        return [rollout.outcome for rollout in batch]
+
+    try:
+        result = evaluate(
+            rows,
+            step=step,
+            make_request=lambda index, row, generation: session.request(
+                row,
+                f"eval-{step}-{index}-{generation}-{uuid.uuid4().hex[:8]}",
+                index,
+                temperature=config.eval_temperature,
+                seed=derived_seed(config.seed, "eval", index, generation),
+                row_name=dataset_row_name(config.eval_file, index),
+            ),
+            play=play,
+            success_threshold=config.success_threshold,
+            adapter_version=adapter_version,
+            generations=generations,
+        )
+        if keep is not None:
+            keep(played)
+    finally:
+        session.release(played)
+    return PlayedEvaluation(
+        result,
+        [rollout.outcome for rollout in played],
+        prefill_tokens=session.eval_tokens.prefill_tokens - before[0],
+        sample_tokens=session.eval_tokens.sample_tokens - before[1],
+    )
