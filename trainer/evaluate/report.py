@@ -104,7 +104,7 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['rows']} rows x {report['samples']} samples, temperature {report['temperature']}, "
         f"seed {report['seed']}; success: reward > {report['success_threshold']}; "
-        f"[...]: {report['interval']}",
+        f"intervals: {report['interval']}",
         "",
         "| policy | success | mean reward | scored / failed | success vs base | reward vs base "
         "| tokens | cost |",
