@@ -23,7 +23,7 @@ SAME = ("success_rate", "mean_reward", "scored", "failed", "agent_metrics")
 
 
 def test_rft_eval_reproduces_the_runs_first_and_last_evaluations(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with serving(app) as agent_url:
         # Sampled evaluations (temperature 1, two rollouts a row): only the same seeds give the same
@@ -41,19 +41,18 @@ def test_rft_eval_reproduces_the_runs_first_and_last_evaluations(
         assert summary.adapter_dir is not None
         capsys.readouterr()
         out = tmp_path / "eval"
-        assert (
-            main([str(config_path), "--base", "--adapter", str(summary.adapter_dir), "--out", str(out)]) == 0
-        )
+        monkeypatch.chdir(tmp_path)  # the adapter named from where the command runs, as a user would
+        assert main([str(config_path), "--base", "--adapter", "run/adapters/v2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
 
     first, last = summary.evaluations[0], summary.evaluations[-1]
     assert (first["step"], first["adapter_version"], last["step"], last["adapter_version"]) == (0, 0, 2, 2)
-    assert (
-        first["mean_reward"] != last["mean_reward"]
-    )  # the two policies differ, so each match means something
+    # The two policies differ, so each match below means something.
+    assert first["mean_reward"] != last["mean_reward"]
     report = json.loads((out / "eval.json").read_text())
     base, adapter = report["policies"]
-    assert (base["name"], base["adapter"], adapter["adapter"]) == ("base", None, str(summary.adapter_dir))
+    assert (base["name"], base["adapter"]) == ("base", None)
+    assert (adapter["name"], adapter["adapter"]) == ("run/adapters/v2", str(summary.adapter_dir))
     assert {key: base[key] for key in SAME} == {key: first[key] for key in SAME}
     assert {key: adapter[key] for key in SAME} == {key: last[key] for key in SAME}
     assert (report["rows"], report["samples"], report["temperature"]) == (2, 2, 1.0)
@@ -65,7 +64,7 @@ def test_rft_eval_reproduces_the_runs_first_and_last_evaluations(
     )
     assert base["reward"]["low"] <= base["reward"]["estimate"] <= base["reward"]["high"]
     (difference,) = report["differences"]
-    assert difference["name"] == str(summary.adapter_dir) and difference["reward"]["rows"] == 2
+    assert difference["name"] == "run/adapters/v2" and difference["reward"]["rows"] == 2
     assert difference["reward"]["estimate"] == pytest.approx(
         last["mean_reward"] - first["mean_reward"], abs=1e-12
     )

@@ -88,10 +88,18 @@ def evaluate_policies(
                 results.append(_evaluate(session, BASE, None, rows, 0, samples))
             for version, adapter in enumerate(adapters, start=1):
                 session.load_adapter(adapter, version)
-                results.append(_evaluate(session, str(adapter), adapter, rows, version, samples))
+                results.append(_evaluate(session, _name(adapter), adapter, rows, version, samples))
             return results
         finally:
             session.close()
+
+
+def _name(adapter: Path) -> str:
+    """How the table names an adapter: its path from the working directory when it lies below it."""
+    try:
+        return str(adapter.relative_to(Path.cwd()))
+    except ValueError:
+        return str(adapter)
 
 
 def _evaluate(
