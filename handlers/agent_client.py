@@ -41,6 +41,7 @@ class FailureCause(StrEnum):
     NO_REPORT = "no_report"  # the agent finished but reported no reward, neither answer nor update-reward
     MODEL_CALLS_REFUSED = "model_calls_refused"  # every model call it made was refused (401, 4xx)
     NO_MODEL_CALLS = "no_model_calls"  # the agent answered without calling the model: nothing to train on
+    STALLED = "stalled"  # the stall watchdog failed it (faults.stall_timeout_s, on_stall_timeout)
 
 
 # --- targets ---------------------------------------------------------------------------------------

@@ -160,6 +160,7 @@ def run_step(
     adapter_load_s = publish(run, step, update.applied)
     run.state.step = step
     record = step_record(run, sampled, batch, update, _evaluate_if_due(run, step))
+    record["stalls"] = watchdog.take_stalls() if watchdog is not None else []
     record["time_s"] = {
         "rollout": sampled.seconds,
         "rollout_wait": sampled.wait_s,
@@ -183,7 +184,8 @@ def sample(
     The rollouts of the next max_off_policy_steps steps are submitted first
     (:mod:`trainer.rollouts.pipeline`), so they play while this step's update runs. A SIGTERM that
     says abandon stops the wait (:class:`_StepAbandoned`); the step stays in flight for the checkpoint.
-    A stall past ``faults.stall_timeout_s`` stops the run with the watchdog's diagnosis.
+    A stall past ``faults.stall_timeout_s`` with ``on_stall_timeout: stop_run`` stops the run with the
+    watchdog's diagnosis (a line of its own in metrics.jsonl).
     """
     started = time.monotonic()
     run.pipeline.fill(step, run.state.adapter_version, run.pick_rows)
@@ -192,6 +194,7 @@ def sample(
         if preemption is not None and preemption.abandon:
             raise _StepAbandoned(step)
         if watchdog is not None and watchdog.fatal is not None:
+            run.metrics.write_line(step, {"stalls": watchdog.take_stalls(), "stopped": watchdog.fatal})
             raise TrainingError(watchdog.fatal)
         wait([future], timeout=0.1)  # short, so the signal handler's flag is seen promptly
     rollouts = run.pipeline.take(step)

@@ -242,6 +242,7 @@ def test_mixed_faults_are_classified_exactly_and_nothing_outlives_the_deadline(
         "no_report": 1,
         "model_calls_refused": 0,
         "no_model_calls": 0,
+        "stalled": 0,
     }
     assert counts.total == 13
 

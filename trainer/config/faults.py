@@ -39,7 +39,14 @@ class FaultsConfig(_Section):
     stall_timeout_s: float | None = Field(
         default=None,
         gt=0,
-        description="A stall this long stops the run with the diagnosis (`rft train` exits 1; `--resume` "
-        "continues from the last checkpoint). Unset: a stall only warns, and rollout_timeout_s still "
-        "ends each rollout.",
+        description="A stall this long ends it as on_stall_timeout says. Unset: a stall only warns, and "
+        "rollout_timeout_s still ends each rollout.",
+    )
+    on_stall_timeout: Literal["fail_rollouts", "stop_run"] = Field(
+        default="fail_rollouts",
+        description="What stall_timeout_s does. fail_rollouts: the stalled rollouts at agents fail by "
+        "cause `stalled` (counted like other failures; the step goes on with the rest; with none at an "
+        "agent, the run stops). stop_run: the run stops with the diagnosis (`rft train` exits 1; "
+        "`--resume` continues from the last checkpoint). metrics.jsonl's `stalls` and Prometheus' "
+        "rftkit_train_stalls_total record either.",
     )

@@ -101,6 +101,38 @@ class StepExporter:
             _set(self.eval_reward, evaluation.get("mean_reward"))
 
 
+class StallSeries:
+    """The stall watchdog's series (trainer.ops.watchdog): the stall under way and the stalls so far."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Gauge(
+            "rftkit_train_stall_seconds",
+            "Seconds no rollout finished and no token was sampled while rollouts are outstanding (0: "
+            "progress at the last look).",
+            registry=registry,
+        )
+        self.rollouts = Gauge(
+            "rftkit_train_stalled_rollouts", "Rollouts outstanding in that stall.", registry=registry
+        )
+        self.events = Counter(
+            "rftkit_train_stalls",
+            "Stalls by what the watchdog did: warned (faults.stall_warn_s), failed_rollouts or stopped_run "
+            "(faults.stall_timeout_s).",
+            ("action",),
+            registry=registry,
+        )
+
+    def stalled(self, seconds: float, rollouts: int) -> None:
+        self.seconds.set(seconds)
+        self.rollouts.set(rollouts)
+
+    def clear(self) -> None:
+        self.stalled(0.0, 0)
+
+    def count(self, action: str) -> None:
+        self.events.labels(action).inc()
+
+
 def _set(gauge: Gauge, value: Any) -> None:
     """Set a gauge from a record's number; an absent value leaves it as it was (NaN is kept: no score)."""
     if isinstance(value, int | float) and not isinstance(value, bool):

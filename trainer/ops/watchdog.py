@@ -5,7 +5,9 @@ While rollouts are outstanding, no rollout finishing and no token being sampled 
 outstanding rollouts grouped by the agent target they were sent to, with the time since each group's
 last model call, the engine's queue and the time of its last sampled token, the learner's state, and
 its likeliest reading; ``rft status RUN`` shows it while the stall lasts (``stall.txt``). After
-``faults.stall_timeout_s`` the run stops with that diagnosis.
+``faults.stall_timeout_s`` the stalled rollouts at agents fail by cause ``stalled`` or the run stops
+with that diagnosis, as ``faults.on_stall_timeout`` says. Each stall goes into the next step record's
+``stalls`` (metrics.jsonl) and the Prometheus series of :class:`trainer.ops.prometheus.StallSeries`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.config.faults import FaultsConfig
+from trainer.ops.prometheus import StallSeries
 from trainer.ops.status import STALL_FILE
 
 if TYPE_CHECKING:
@@ -31,6 +34,7 @@ WAITING = "(waiting for a concurrency slot)"  # a rollout not sent to any agent 
 
 @dataclass
 class _Outstanding:
+    rollout_id: str
     step: int
     target: str
     idle_s: float  # since its last model call, or since it was opened if it made none
@@ -46,7 +50,11 @@ class StallWatchdog:
         self._progress: tuple[object, ...] = ()
         self._since = self._last_token_at = time.monotonic()
         self._sampled: tuple[int, int | None] = (-1, None)
-        self._warned = False
+        self._warned = self._acted = False
+        self._stalls: list[dict[str, Any]] = []  # this stall's and earlier ones not yet in a step record
+        self._current: dict[str, Any] | None = None  # this stall's entry
+        self._lock = threading.Lock()
+        self.series = StallSeries(run.session.server.metrics.registry)
         self._stop = threading.Event()
         limits = [value for value in (faults.stall_warn_s, faults.stall_timeout_s) if value is not None]
         # Every few seconds at most: vLLM's queue is read over HTTP from its /metrics.
@@ -88,10 +96,13 @@ class StallWatchdog:
         pending = list(self.run.pipeline.pending.values())
         progress = (*sampled, *sorted((rollouts.step, len(rollouts.finished())) for rollouts in pending))
         if progress != self._progress or not outstanding:
-            self._progress, self._since, self._warned = progress, now, False
+            self._progress, self._since, self._warned, self._acted = progress, now, False, False
+            self._current = None
             self._stall_file.unlink(missing_ok=True)
+            self.series.clear()
             return
         stalled_s = now - self._since
+        self.series.stalled(stalled_s, len(outstanding))
         warn, timeout = self.faults.stall_warn_s, self.faults.stall_timeout_s
         if warn is not None and stalled_s >= warn and not self._warned:
             self._warned = True
@@ -99,12 +110,79 @@ class StallWatchdog:
             log.warning("%s", diagnosis)
             # What `rft status RUN` shows while the stall lasts.
             self._stall_file.write_text(diagnosis + "\n")
-        if timeout is not None and stalled_s >= timeout and self.fatal is None:
-            self.fatal = (
-                f"{self.diagnose(outstanding, stalled_s, now)}\nstopped by faults.stall_timeout_s "
-                f"({timeout:g} s); the last checkpoint is where `--resume` starts"
+            self._record(diagnosis, stalled_s, outstanding, "warned", 0)
+        if timeout is not None and stalled_s >= timeout and not self._acted and self.fatal is None:
+            self._acted = True
+            self._time_out(outstanding, stalled_s, now, timeout)
+
+    def _time_out(
+        self, outstanding: list[_Outstanding], stalled_s: float, now: float, timeout: float
+    ) -> None:
+        """Fail the stalled rollouts at agents by cause ``stalled``, or stop the run, as configured."""
+        diagnosis = self.diagnose(outstanding, stalled_s, now)
+        failed = 0
+        if self.faults.on_stall_timeout == "fail_rollouts":
+            failed = self._fail_at_agents(outstanding, timeout)
+        if failed:
+            log.warning(
+                "%s\nfaults.stall_timeout_s (%g s): %d rollouts failed as stalled; the step goes on "
+                "with the rest",
+                diagnosis,
+                timeout,
+                failed,
             )
-            log.error("%s", self.fatal)
+            self._record(diagnosis, stalled_s, outstanding, "failed_rollouts", failed)
+            return
+        # stop_run, or no rollout at an agent to fail (all wait for a concurrency slot).
+        self.fatal = (
+            f"{diagnosis}\nstopped by faults.stall_timeout_s ({timeout:g} s); the last checkpoint is "
+            "where `--resume` starts"
+        )
+        log.error("%s", self.fatal)
+        self._record(diagnosis, stalled_s, outstanding, "stopped_run", 0)
+
+    def _fail_at_agents(self, outstanding: list[_Outstanding], timeout: float) -> int:
+        by_target: dict[str, list[_Outstanding]] = defaultdict(list)
+        for rollout in outstanding:
+            if rollout.target != WAITING:
+                by_target[rollout.target].append(rollout)
+        failed = 0
+        for target, group in sorted(by_target.items()):
+            quiet = min(rollout.idle_s for rollout in group)
+            error = (
+                f"stalled: no rollout finished and no token sampled for faults.stall_timeout_s "
+                f"({timeout:g} s); its agent at {target} made no model call for {quiet:.0f} s"
+            )
+            ids = [rollout.rollout_id for rollout in group]
+            failed += self.run.session.producer.fail_stalled(ids, error)
+        return failed
+
+    def _record(
+        self, diagnosis: str, stalled_s: float, outstanding: list[_Outstanding], action: str, failed: int
+    ) -> None:
+        """Note the stall for the next step record: a timeout updates its warning's entry unless a step
+        record took that already."""
+        entry = {
+            "stalled_s": round(stalled_s, 1),
+            "rollouts": len(outstanding),
+            "action": action,
+            "failed": failed,
+            "diagnosis": diagnosis,
+        }
+        with self._lock:
+            if any(taken is self._current for taken in self._stalls):
+                assert self._current is not None
+                self._current.update(entry)
+            else:
+                self._stalls.append(entry)
+                self._current = entry
+        self.series.count(action)
+
+    def take_stalls(self) -> list[dict[str, Any]]:
+        """The stalls since the last call (a step record's ``stalls``)."""
+        with self._lock:
+            stalls, self._stalls = self._stalls, []
+        return stalls
 
     def _occupancy(self) -> EngineOccupancy | None:
         """The engine's queue, if it can tell (vLLM's is read from its /metrics, which may not answer)."""
@@ -123,7 +201,8 @@ class StallWatchdog:
                     continue
                 last = session.server.registry.last_active(session.job_arn, request.rollout_id)
                 target = session.producer.fanout.playing_at.get(request.rollout_id, WAITING)
-                found.append(_Outstanding(rollouts.step, target, now - last if last is not None else 0.0))
+                idle_s = now - last if last is not None else 0.0
+                found.append(_Outstanding(request.rollout_id, rollouts.step, target, idle_s))
         return found
 
     def diagnose(self, outstanding: list[_Outstanding], stalled_s: float, now: float) -> str:

@@ -119,6 +119,9 @@ class Fanout:
         self._targets = [_Target(target.rstrip("/")) for target in targets]
         # The target each rollout's attempt in flight was sent to (the stall watchdog groups by it).
         self.playing_at: dict[str, str] = {}
+        # Each rollout's task while it plays, and the text of those the stall watchdog fails (fail_stalled).
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._stalled: dict[str, tuple[str, str | None]] = {}
         self._semaphore = asyncio.Semaphore(max_concurrent)
         self.rollout_timeout_s = rollout_timeout_s
         self.max_retries = max_retries
@@ -178,7 +181,37 @@ class Fanout:
         return list(await asyncio.gather(*(self.run_one(request) for request in requests)))
 
     async def run_one(self, request: RolloutRequest) -> RolloutOutcome:
-        """Play one rollout within its deadline (counted from when a concurrency slot frees up)."""
+        """Play one rollout within its deadline (counted from when a concurrency slot frees up), unless
+        the stall watchdog fails it first (:meth:`fail_stalled`)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[request.rollout_id] = task
+        started = time.monotonic()
+        try:
+            return await self._play(request)
+        except asyncio.CancelledError:
+            stalled = self._stalled.pop(request.rollout_id, None)
+            # The watchdog's cancellation ends here (the rollout's outcome is its failure); any other
+            # (the loop closing) goes on.
+            if stalled is None or task.uncancel() > 0:
+                raise
+            return self._failed(request, FailureCause.STALLED, stalled[0], 0, started, stalled[1])
+        finally:
+            self._tasks.pop(request.rollout_id, None)
+
+    async def fail_stalled(self, rollout_ids: Sequence[str], error: str) -> int:
+        """Fail these rollouts, where still playing, by cause ``stalled`` with ``error`` (their agent
+        calls are cancelled); how many were. Runs on the fan-out's loop."""
+        failed = 0
+        for rollout_id in rollout_ids:
+            task = self._tasks.get(rollout_id)
+            if task is not None and rollout_id not in self._stalled:
+                self._stalled[rollout_id] = (error, self.playing_at.get(rollout_id))
+                task.cancel()
+                failed += 1
+        return failed
+
+    async def _play(self, request: RolloutRequest) -> RolloutOutcome:
         async with self._semaphore:
             started = time.monotonic()
             attempts = 0

@@ -85,6 +85,10 @@ class RolloutProducer:
     def close(self) -> None:
         self._loop.close(self.fanout.aclose)
 
+    def fail_stalled(self, rollout_ids: Sequence[str], error: str) -> int:
+        """Fail these rollouts, where still playing, by cause ``stalled``; how many were."""
+        return self._loop.run(self.fanout.fail_stalled(rollout_ids, error), timeout=30)
+
     def submit(self, rollouts: StepRollouts, server_version: int | None) -> StepRollouts:
         """Open the step's unfinished rollouts pinned to ``server_version`` and start playing them.
 
