@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import re
 import secrets
@@ -91,6 +92,16 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also take the SageMaker SDK's bearer tokens, as policy_server.accept_sagemaker_tokens",
     )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="after the refusal check, play the payload's row for real against this model directory, "
+        "served here as `rft serve --open-job` serves it, and print each episode (URL targets only)",
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=1, help="with --model: how many episodes to play (default 1)"
+    )
+    parser.add_argument("--chat-template", help="with --model: template replacing the model's own")
     parser.add_argument("--qualifier", help="AgentCore endpoint qualifier (ARN targets only)")
     parser.add_argument(
         "--endpoint",
@@ -108,6 +119,10 @@ def _demand(args: argparse.Namespace) -> Demand:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.model is not None and (is_runtime_arn(args.target) or args.episodes < 1):
+        print("rft smoke: --model plays 1 or more --episodes against an agent URL (http://...)")
+        return EXIT_CANNOT_RUN
+    demand = _demand(args)
     try:
         payload, source = load_payload(args.payload)
     except PayloadFileError as exc:
@@ -134,14 +149,47 @@ def main(argv: list[str] | None = None) -> int:
         except httpx.InvalidURL as exc:
             print(f"rft smoke: {args.target!r} is not a valid URL: {exc}")
             return EXIT_CANNOT_RUN
-        report = smoke_url(args.target, payload, timeout=args.timeout, demand=_demand(args))
+        report = smoke_url(args.target, payload, timeout=args.timeout, demand=demand)
     else:
         print(f"rft smoke: TARGET must be an http(s) URL or an AgentCore runtime ARN, got {args.target!r}")
         return EXIT_CANNOT_RUN
     if args.payload is None:
         report = with_payload_hint(report, source)
     print(report.render())
-    return report.exit_code
+    if args.model is None:
+        return report.exit_code
+    if report.outcome not in (Outcome.HEALTHY, Outcome.PARTIAL):
+        print("rft smoke: no episodes played: fix what the refusal check found first")
+        return report.exit_code
+    return _play(args, payload, demand.api_key) or report.exit_code
+
+
+def _play(args: argparse.Namespace, payload: RolloutPayload, api_key: str | None) -> int:
+    """Play the episodes of --model; the model's side (torch, the policy server) is imported only
+    here, as `rft`'s dispatcher imports a subcommand, so the agent side installs without it."""
+    try:
+        module = importlib.import_module("trainer.smoke_play")
+    except ModuleNotFoundError as exc:
+        print(
+            f"rft smoke --model needs the training extras ({exc.name} is missing): "
+            "pip install 'rftkit[train]'"
+        )
+        return EXIT_CANNOT_RUN
+    try:
+        return int(
+            module.play(
+                args.target,
+                payload,
+                args.model,
+                episodes=args.episodes,
+                timeout=args.timeout,
+                api_key=api_key,
+                chat_template=args.chat_template,
+            )
+        )
+    except module.ModelDirError as exc:
+        print(f"rft smoke: {exc}")
+        return EXIT_CANNOT_RUN
 
 
 # What an agent answers when the row it got lacks the fields it reads (a KeyError, or a string indexed
