@@ -13,7 +13,9 @@ from trainer.ops import pin_cpu_kernels
 # What a run that never updated its adapter can try next (a sparse reward gives a group equal rewards).
 NO_UPDATE_ADVICE = (
     "A policy that never earns a reward learns nothing from GRPO: warm-start an adapter on "
-    "demonstrations with `rft sft --data FILE` (its format: docs/sft.md) and set init_adapter to it"
+    "demonstrations with `rft sft --data FILE` (its format: docs/sft.md) and set init_adapter to it; "
+    "collect them from a run's good episodes (of a stronger model, or a scripted policy) with "
+    "`rft show RUN --export-demos FILE --min-reward X`"
 )
 
 # Flags for the fields people change most; any other field goes through --set.

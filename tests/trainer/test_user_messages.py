@@ -77,6 +77,7 @@ def test_a_run_that_never_updates_says_one_step_and_points_to_a_warm_start(
     assert last.startswith(f"rft train: 1 step done in {tmp_path / 'run'}; no update was applied")
     assert "warm-start an adapter on demonstrations with `rft sft --data FILE`" in last
     assert "(its format: docs/sft.md) and set init_adapter to it" in last
+    assert "`rft show RUN --export-demos FILE --min-reward X`" in last
     assert (REPO_ROOT / "docs" / "sft.md").is_file()
 
 

@@ -145,6 +145,21 @@ def _listed(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) if steps else "none"
 
 
+def _export(args: argparse.Namespace) -> int:
+    from trainer.ops.demos import DemosError, export_demos
+
+    if args.min_reward is None:
+        print("rft show: --export-demos needs --min-reward X, the lowest reward an episode kept has")
+        return 2
+    kind, step = ("eval", args.eval) if args.eval is not None else ("step", args.step)
+    try:
+        print(export_demos(args.run_dir, args.export_demos, args.min_reward, kind, step))
+    except DemosError as error:
+        print(f"rft show: {error}")
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rft show", description="Print the episodes a run kept: what the model saw and did."
@@ -161,7 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         "--best", action="store_const", const="best", dest="order", help="highest reward first"
     )
     parser.add_argument("-n", type=int, default=0, metavar="K", help="show at most K episodes (0: all kept)")
+    parser.add_argument(
+        "--export-demos",
+        type=Path,
+        metavar="FILE",
+        help="write the kept episodes with a reward of at least --min-reward as `rft sft --data` "
+        "demonstrations (JSONL, docs/sft.md) instead of printing; all steps and evaluations unless "
+        "--step or --eval names one",
+    )
+    parser.add_argument("--min-reward", type=float, help="with --export-demos: the lowest reward kept")
     args = parser.parse_args(argv)
+    if args.export_demos is not None:
+        return _export(args)
     kind, step = ("eval", args.eval) if args.eval is not None else ("step", args.step)
     if args.step is None and args.eval is None and not kept(args.run_dir, "step"):
         kind = "eval"  # in the first evaluation, or a run that keeps no step's episodes

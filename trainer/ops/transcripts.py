@@ -3,9 +3,9 @@
 ``transcripts/step-NNNN.jsonl`` and ``transcripts/eval-NNNN.jsonl`` (NNNN: the step; an evaluation's is
 the step it followed) hold one episode a line: its dataset row, the messages of its last model call
 as the gateway recorded them plus that call's completion (the prompt's tokens decoded where no
-messages were kept), each call's completion text with its tool calls parsed as the policy server
-parses them, the reward, the agent's metrics, and the failure text of a failed rollout. `rft show`
-prints them (:mod:`trainer.ops.show`).
+messages were kept) and its tool list, each call's completion text with its tool calls parsed as the
+policy server parses them, the reward, the agent's metrics, and the failure text of a failed rollout.
+`rft show` prints them (:mod:`trainer.ops.show`).
 
 Which episodes: ``transcripts.per_step`` of a step, picked by a ``random.Random`` of their own seeded
 from the run's seed and the step (no random stream of the run moves, so a run computes the same
@@ -118,6 +118,9 @@ def episode(rollout: PlayedRollout, decode: Decode) -> dict[str, Any]:
         "metrics": outcome.metrics,
         "failure": None if outcome.ok else {"cause": _cause(outcome.cause), "error": outcome.error},
         "messages": messages,
+        # The tool list of the last call, so its messages can be rendered as the model saw them again
+        # (a demonstration for `rft sft`: `rft show --export-demos`).
+        "tools": last.tools if last is not None else None,
         "prompt_text": prompt_text,
         "calls": calls,
     }
