@@ -42,3 +42,6 @@ async def rollout(row: dict[str, Any], ctx: RolloutContext) -> dict[str, Any]:
 
 
 app = rft_app(rollout)
+
+if __name__ == "__main__":
+    app.run(port=8081)  # beside the template's 8080, as docs/walkthrough.md runs both
