@@ -8,10 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,27 +145,28 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     assert [record["step"] for record in final_state["history"]] == [1, 2, 3]
 
 
-@contextmanager
-def _signal_at(path: Path, text: str, signum: int) -> Iterator[list[float]]:
-    """Send ``signum`` to this process once ``text`` appears in ``path``; yields [when it was sent]."""
-    sent: list[float] = []
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            if path.is_file() and text in path.read_text():
-                sent.append(time.monotonic())
-                os.kill(os.getpid(), signum)
-                return
-            time.sleep(0.01)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+def _stopped_by(signum: int, command: list[str], log: Path) -> tuple[int, str, float]:
+    """Run ``command``, send it ``signum`` once step 2's rollouts started; its exit code, its stderr,
+    and the seconds from the signal to its exit. A process of its own: the grace's exit or a signal
+    that lands after the run ended can never reach the test's process."""
+    # SIGINT at its default, so that Python in the child turns it into KeyboardInterrupt even where
+    # the test runner ignores it.
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
-        yield sent
+        _wait_for_line(log, KILL_AT, process, timeout_s=900)
+        sent = time.monotonic()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=300)
+        return process.returncode, err, time.monotonic() - sent
     finally:
-        done.set()
-        watcher.join()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.parametrize(
@@ -179,38 +178,31 @@ def _signal_at(path: Path, text: str, signum: int) -> Iterator[list[float]]:
     ids=["abandon_step", "finish_step"],
 )
 def test_sigterm_mid_step_checkpoints_exits_0_and_resumes_exactly(
-    runs: Runs,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    on_sigterm: str,
-    checkpoint: str,
-    said: str,
+    runs: Runs, tmp_path: Path, on_sigterm: str, checkpoint: str, said: str
 ) -> None:
     run_dir = tmp_path / "preempted"
-    argv = [str(runs.config_path), "--output-dir", str(run_dir), "--set", f"faults.on_sigterm={on_sigterm}"]
-    with _signal_at(run_dir / LOG_FILE, KILL_AT, signal.SIGTERM) as sent:
-        code = cli_main(argv)
-    stopped_s = time.monotonic() - sent[0]
-    assert code == 0
+    flags = ("--set", f"faults.on_sigterm={on_sigterm}")
+    code, err, stopped_s = _stopped_by(
+        signal.SIGTERM, _rft_train(runs.config_path, run_dir, *flags), run_dir / LOG_FILE
+    )
+    assert code == 0, err[-2000:]
     assert stopped_s < FaultsConfig().sigterm_grace_s
-    err = capsys.readouterr().err
     assert (
         f"rft train: stopped by SIGTERM ({said}); checkpoint {run_dir / 'checkpoints' / checkpoint}; " in err
     )
+    argv = [str(runs.config_path), "--output-dir", str(run_dir), *flags]
     assert f"resume with `rft train {' '.join(argv)} --resume`" in err
     assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / checkpoint
     _assert_resumed_exactly(runs, run_dir)
 
 
 def test_ctrl_c_prints_where_the_last_checkpoint_is_instead_of_a_traceback(
-    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runs: Runs, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "interrupted"
-    with _signal_at(run_dir / LOG_FILE, KILL_AT, signal.SIGINT):
-        code = cli_main([str(runs.config_path), "--output-dir", str(run_dir)])
-    assert code == 130
-    err = capsys.readouterr().err
-    # One line of its own after the progress bars (what else is on stderr here is the test's own).
+    code, err, _ = _stopped_by(signal.SIGINT, _rft_train(runs.config_path, run_dir), run_dir / LOG_FILE)
+    assert code == 130, err[-2000:]
+    # One line of its own after the progress bars.
     assert err.splitlines()[-1] == (
         f"rft train: interrupted; the last checkpoint is {run_dir / 'checkpoints' / 'step-000001'}; "
         f"resume with `rft train {runs.config_path} --output-dir {run_dir} --resume`"
@@ -252,25 +244,23 @@ def test_a_second_signal_exits_at_once_keeping_the_previous_checkpoint(runs: Run
 def test_rft_status_stacks_prints_every_thread_of_a_running_trainer(
     runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The trainer is this process: `rft status --stacks` runs in a thread while step 2 waits."""
+    """`rft status --stacks` asks a trainer in a process of its own while its step 2 waits (a
+    SIGUSR1 that lands after a run ended must not reach the test's process)."""
     run_dir = tmp_path / "stacks"
-    asked: list[int] = []
-
-    def ask_when_step_2_starts() -> None:
-        while KILL_AT not in ((run_dir / LOG_FILE).read_text() if (run_dir / LOG_FILE).is_file() else ""):
-            time.sleep(0.01)
-        asked.append(status_main([str(run_dir), "--stacks"]))
-
-    asking = threading.Thread(target=ask_when_step_2_starts, daemon=True)
-    asking.start()
-    assert cli_main([str(runs.config_path), "--output-dir", str(run_dir)]) == 0
-    asking.join(timeout=60)
-    assert asked == [0]
+    process = subprocess.Popen(_rft_train(runs.config_path, run_dir), stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_line(run_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
+        assert status_main([str(run_dir), "--stacks"]) == 0
+        assert process.wait(timeout=300) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     stacks = capsys.readouterr().out
     # faulthandler's dump: every thread, the main one waiting for the step's rollouts.
     assert "Thread 0x" in stacks and "(most recent call first):" in stacks
     assert 'trainer/loop.py", line' in stacks and "in sample" in stacks
-    # The same dump is in the run's train.log (stdout also holds rft train's own last lines).
+    # The same dump is in the run's train.log.
     headers = ("Thread 0x", "Current thread", "  File")
     dump = [line for line in stacks.splitlines() if line.startswith(headers)]
     assert len(dump) > 10 and all(line in (run_dir / LOG_FILE).read_text() for line in dump)
