@@ -99,15 +99,7 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
 ) -> None:
     config_path = runs.config_path
     killed_dir = tmp_path / "killed"
-    command = [
-        sys.executable,
-        "-m",
-        "handlers.cli",
-        "train",
-        str(config_path),
-        "--output-dir",
-        str(killed_dir),
-    ]
+    command = _rft_train(config_path, killed_dir)
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         # Only bounds a hang: the wait ends as soon as the line appears or the process exits, and
@@ -212,16 +204,8 @@ def test_ctrl_c_prints_where_the_last_checkpoint_is_instead_of_a_traceback(
 
 def test_a_second_signal_exits_at_once_keeping_the_previous_checkpoint(runs: Runs, tmp_path: Path) -> None:
     run_dir = tmp_path / "twice"
-    command = [
-        sys.executable,
-        "-m",
-        "handlers.cli",
-        "train",
-        str(runs.config_path),
-        "--output-dir",
-        str(run_dir),
-    ]
-    process = subprocess.Popen(command + ["--set", "faults.on_sigterm=finish_step"], stderr=subprocess.PIPE)
+    command = _rft_train(runs.config_path, run_dir, "--set", "faults.on_sigterm=finish_step")
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
     try:
         _wait_for_line(run_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
         process.send_signal(signal.SIGTERM)
