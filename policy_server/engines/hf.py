@@ -58,6 +58,7 @@ from policy_server.engines.hf_batch import Batch, Row
 from policy_server.engines.hf_decode import DecodeLoop
 from policy_server.http.chat_format import normalize_messages
 from policy_server.models.chat_templates import chat_template_path, load_tokenizer
+from policy_server.models.families import HERMES, family_of
 from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -349,6 +350,7 @@ class HFEngine(DecodeLoop):
 
     def _load(self) -> None:
         self._tokenizer = load_tokenizer(self.model_dir, self._chat_template)
+        self._family = family_of(self.model_dir) or HERMES
         config = AutoConfig.from_pretrained(self.model_dir)
         vision = is_vision_model(config)
         options: dict[str, Any] = {"dtype": self.dtype}

@@ -32,7 +32,7 @@ from policy_server.engines.hf_batch import (
     sample_tokens,
     select,
 )
-from policy_server.http.chat_format import parse_tool_calls
+from policy_server.models.families import Family
 from policy_server.models.vision_inputs import VisionInputs
 
 
@@ -45,6 +45,7 @@ class DecodeLoop:
     batch_invariant: bool
     stats: Any
     _tokenizer: Any
+    _family: Family
     _vision: VisionInputs | None
     _model: Any
     _adapters: set[int]
@@ -270,21 +271,19 @@ class DecodeLoop:
 
     def _result(self, row: Row) -> GenerationResult:
         ids = row.completion_ids
+        tools = bool(row.request.tools) and row.request.tool_choice != "none"
         if row.stopped_text is not None:
-            text = row.stopped_text
+            parsed = self._family.parse_text(row.stopped_text, tools=tools)
         else:
             text_ids = ids[:-1] if ids and ids[-1] in self._stop_ids else ids
-            text = self._tokenizer.decode(text_ids, skip_special_tokens=True)
-        if row.request.tools and row.request.tool_choice != "none":
-            content, tool_calls = parse_tool_calls(text)
-        else:
-            content, tool_calls = (text or None), []
+            parsed = self._family.parse(self._tokenizer, text_ids, tools=tools)
         return GenerationResult(
             prompt_token_ids=row.prompt_ids,
             completion_token_ids=list(ids),
             completion_logprobs=list(row.logprobs),
             logprobs_mode="raw",
-            finish_reason="tool_calls" if tool_calls else (row.finish_reason or "stop"),
-            content=content,
-            tool_calls=tool_calls,
+            finish_reason="tool_calls" if parsed.tool_calls else (row.finish_reason or "stop"),
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            reasoning_content=parsed.reasoning_content,
         )

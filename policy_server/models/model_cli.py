@@ -1,7 +1,8 @@
 """``rft model KIND DIR``: write a model directory (transformers format) that every engine loads.
 
 - ``tiny``: a 2-layer Llama initialised at random with a BPE tokenizer trained offline (what
-  ``rft tiny-model`` builds; its options are the same).
+  ``rft tiny-model`` builds; its options are the same). ``--family NAME`` builds another family's
+  architecture, special tokens and chat format instead (``policy_server/models/families``).
 - ``tiny-vision``: a 2-layer Qwen2-VL (vision tower of 2 blocks) initialised at random, with the
   same tokenizer plus the vision special tokens, the ``chatml-tools-vision`` template and an image
   processor for small images (``policy_server/models/tiny_vision.py``).
@@ -39,40 +40,42 @@ def _smollm2(argv: list[str]) -> int:
 
 
 def tiny_main(argv: list[str], *, vision: bool = False, prog: str = "rft model tiny") -> int:
-    """``rft model tiny|tiny-vision OUT``: build a tiny (vision-)language model directory offline."""
-    from policy_server.models.tiny import HEAD_DIM, build_tiny_model, read_corpus
-    from policy_server.models.tiny_vision import build_tiny_vision_model
+    """``rft model tiny|tiny-vision OUT [--family NAME]``: build a tiny model of a family offline."""
+    from policy_server.models.families import TinySizes, family, family_names
 
-    what = "vision-language model" if vision else "model"
-    parser = argparse.ArgumentParser(prog=prog, description=f"Build a tiny {what} directory offline.")
+    default = "qwen2_vl" if vision else "llama"
+    parser = argparse.ArgumentParser(prog=prog, description="Build a tiny model directory offline.")
     parser.add_argument("out", type=Path, help="directory to write the model into")
+    parser.add_argument(
+        "--family",
+        choices=family_names(),
+        default=default,
+        help=f"model family: its architecture, tokenizer specials and chat format (default {default})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     parser.add_argument(
         "--corpus", type=Path, action="append", default=[], help="text file whose lines join the BPE corpus"
     )
-    parser.add_argument("--vocab-size", type=int, default=1024)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-layers", type=int, default=2)
-    if not vision:
-        parser.add_argument("--intermediate-size", type=int, default=256)
-    parser.add_argument("--max-position-embeddings", type=int, default=2048)
+    defaults = TinySizes()
+    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
+    parser.add_argument("--max-position-embeddings", type=int, default=defaults.max_position_embeddings)
     args = parser.parse_args(argv)
-    common = {
-        "seed": args.seed,
-        "vocab_size": args.vocab_size,
-        "hidden_size": args.hidden_size,
-        "num_layers": args.num_layers,
-        "max_position_embeddings": args.max_position_embeddings,
-    }
+    sizes = TinySizes(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        intermediate_size=args.intermediate_size,
+        max_position_embeddings=args.max_position_embeddings,
+    )
+    from policy_server.models.tiny import read_corpus
+
     try:
-        corpus = read_corpus(args.corpus)
-        if vision:
-            out = build_tiny_vision_model(args.out, corpus=corpus, **common)
-        else:
-            heads = max(1, args.hidden_size // HEAD_DIM)
-            out = build_tiny_model(
-                args.out, corpus=corpus, num_heads=heads, intermediate_size=args.intermediate_size, **common
-            )
+        out = family(args.family).build_tiny(
+            args.out, seed=args.seed, corpus=read_corpus(args.corpus), sizes=sizes
+        )
     except (ValueError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

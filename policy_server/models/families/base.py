@@ -1,0 +1,74 @@
+"""What one model family fixes for every engine and the learner: its chat format, its parsers, its
+reasoning switch, how it trains and how a tiny copy of it is built offline.
+
+A family is one subclass of :class:`Family` in its own module of this package, registered by name in
+``families/__init__.py``. Engines and the learner ask the registry (``family_of(model_dir)``) and
+never branch on a family's name themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from policy_server.http.chat_format import parse_tool_calls
+
+
+@dataclass(frozen=True)
+class TinySizes:
+    """The sizes ``rft model tiny`` takes; each family's tiny builder keeps its architecture's own
+    proportions (experts, heads, vision tower) and takes these as its scale."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    """A completion split as vLLM's tool-call and reasoning parsers split it."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    reasoning_content: str | None = None
+
+
+class Family:
+    """A model family. The defaults are the hermes/ChatML format (``<tool_call>`` JSON blocks)."""
+
+    name: ClassVar[str] = "hermes"
+    # config.json ``model_type`` values this family covers (the vision model's, for a vision family).
+    model_types: ClassVar[tuple[str, ...]] = ()
+    # vLLM's --tool-call-parser and --reasoning-parser for this family (None: no parser).
+    vllm_tool_call_parser: ClassVar[str | None] = "hermes"
+    vllm_reasoning_parser: ClassVar[str | None] = None
+    # ``reasoning_effort`` values the family's template reads; () means the family has no such switch
+    # and a request that sets one is refused with a sentence.
+    reasoning_efforts: ClassVar[tuple[str, ...]] = ()
+    # The attention implementation the learner loads the family with (None: transformers' default).
+    train_attn_implementation: ClassVar[str | None] = None
+    vision: ClassVar[bool] = False
+
+    def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
+        """What vLLM's parsers for this family return for these sampled tokens (stop token excluded).
+
+        ``tools``: the request offered tools (and did not set ``tool_choice: none``).
+        """
+        return self.parse_text(tokenizer.decode(list(completion_ids), skip_special_tokens=True), tools=tools)
+
+    def parse_text(self, text: str, *, tools: bool) -> ParsedCompletion:
+        """:meth:`parse` for a completion known only as text (one cut at a stop string)."""
+        if not tools:
+            return ParsedCompletion(content=text or None)
+        content, tool_calls = parse_tool_calls(text)
+        return ParsedCompletion(content=content, tool_calls=tool_calls)
+
+    def build_tiny(
+        self, out: Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
+    ) -> Path:
+        """Write a tiny, randomly initialised model of this family to ``out`` (offline)."""
+        raise NotImplementedError(f"the {self.name} family has no tiny model")
