@@ -16,6 +16,10 @@ from policy_server.models.families.base import Family, ParsedCompletion, TinySiz
 _MODULES: dict[str, str] = {
     "llama": "policy_server.models.families.llama",
     "qwen2_vl": "policy_server.models.families.qwen2_vl",
+    "qwen3": "policy_server.models.families.qwen3",
+    "qwen3_vl": "policy_server.models.families.qwen3_vl",
+    "gemma4": "policy_server.models.families.gemma4",
+    "gpt_oss": "policy_server.models.families.gpt_oss",
 }
 
 
