@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from agents.maze.demo.agent_process import serve_agent
 from agents.maze.demo.demo import main
+from trainer.evaluate.cli import main as eval_main
 
 # The quick demo: 16 GRPO steps of 4 mazes x 8 rollouts, then 32 mazes x 2 rollouts sampled at
 # temperature 1 with the same seeds before and after (a paired comparison). The hf engine is
@@ -39,3 +41,14 @@ def test_quick_demo_learns(tmp_path: Path, capsys: pytest.CaptureFixture) -> Non
     assert list((run_dir / "grpo").glob("*.jsonl"))
     # A second demo into the same directory is refused rather than mixed in.
     assert main(["--quick", "--out", str(run_dir)]) == 2
+    capsys.readouterr()
+
+    # `rft eval` on the demo's final adapter gives the demo's "after" number to the bit (the recipe in
+    # docs/operations.md, with the agent on a free port instead of 8080).
+    with serve_agent() as agent_url:
+        evaluated = tmp_path / "eval"
+        argv = [str(run_dir / "train.yaml"), "--adapter", str(run_dir / "adapter"), "--out", str(evaluated)]
+        assert eval_main([*argv, "--set", f"agents=[{agent_url}]"]) == 0
+    (adapter,) = json.loads((evaluated / "eval.json").read_text())["policies"]
+    same = ("success_rate", "mean_reward", "scored", "failed", "agent_metrics")
+    assert {key: adapter[key] for key in same} == {key: after[key] for key in same}
