@@ -77,6 +77,24 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield Runs(config_path, train(load_config(config_path, ["output_dir=uninterrupted"])))
 
 
+@pytest.fixture(scope="module")
+def async_runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    """The same run with ``max_off_policy_steps: 1``: step s+1's rollouts play during step s's update,
+    so a kill finds a step's rollouts in flight, some finished and some not."""
+    tmp_path = tmp_path_factory.mktemp("resume-async")
+    with serving(app) as agent_url:
+        config_path = write_run_files(
+            tmp_path,
+            tiny_model_dir,
+            agent_url,
+            eval_file=None,
+            hf={"max_batch_size": 1},
+            max_off_policy_steps=1,
+            save_total_limit=3,
+        )
+        yield Runs(config_path, train(load_config(config_path, ["output_dir=uninterrupted"])))
+
+
 def _assert_resumed_exactly(runs: Runs, run_dir: Path) -> None:
     """Resume ``run_dir``: the adapter, the steps logged and the rewards of the uninterrupted run."""
     uninterrupted = runs.uninterrupted
@@ -94,21 +112,19 @@ def _assert_resumed_exactly(runs: Runs, run_dir: Path) -> None:
     assert rewards == [record["reward_mean"] for record in uninterrupted.history]
 
 
-def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
-    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config_path = runs.config_path
-    killed_dir = tmp_path / "killed"
-    command = _rft_train(config_path, killed_dir)
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _sigkill_at(config_path: Path, run_dir: Path, line: str) -> int:
+    """Run ``rft train``, SIGKILL it once ``line`` is in its log, check that no process it started
+    outlives it (docs/operations.md, the fault matrix); its pid."""
+    process = subprocess.Popen(
+        _rft_train(config_path, run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         # Only bounds a hang: the wait ends as soon as the line appears or the process exits, and
         # a machine shared with other work may take minutes to import, build and play step 1.
-        _wait_for_line(killed_dir / LOG_FILE, KILL_AT, process, timeout_s=900)
+        _wait_for_line(run_dir / LOG_FILE, line, process, timeout_s=900)
         started = descendants(process.pid)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
-        # No process the run started outlives it (docs/operations.md, the fault matrix).
         deadline = time.monotonic() + 30
         while any(alive(pid) for pid in started) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -118,13 +134,22 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
             process.kill()
             process.wait()
     assert process.returncode == -signal.SIGKILL
+    return process.pid
+
+
+def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = runs.config_path
+    killed_dir = tmp_path / "killed"
+    pid = _sigkill_at(config_path, killed_dir, KILL_AT)
     latest = latest_checkpoint(killed_dir / "checkpoints")
     assert latest is not None and latest.name == "step-000001", "the kill did not land in step 2"
     run_id = json.loads((latest / "state.json").read_text())["mlflow_run_id"]
 
     # Its recorded pid is never signalled again (SIGUSR1 would end whatever process reused it).
     assert status_main([str(killed_dir), "--stacks"]) == 1
-    assert f"(pid {process.pid}) is gone: it was killed" in capsys.readouterr().out
+    assert f"(pid {pid}) is gone: it was killed" in capsys.readouterr().out
 
     # Starting over in a run directory that holds checkpoints is refused with the way out.
     assert cli_main([str(config_path), "--output-dir", str(killed_dir)]) == 1
@@ -135,6 +160,29 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(
     final_state = json.loads((killed_dir / "checkpoints" / "step-000003" / "state.json").read_text())
     assert final_state["mlflow_run_id"] == run_id
     assert [record["step"] for record in final_state["history"]] == [1, 2, 3]
+
+
+def test_sigkill_with_rollouts_in_flight_then_resume_matches_an_uninterrupted_run(
+    async_runs: Runs, tmp_path: Path
+) -> None:
+    """``max_off_policy_steps: 1``, two rows a step, killed while step 3's rollouts play beside step
+    2's update: the resume replays the rollouts the kill cut short on their own adapter version with
+    their own seeds, keeps those a checkpoint holds, and trains every row once, in order."""
+    killed_dir = tmp_path / "killed"
+    _sigkill_at(async_runs.config_path, killed_dir, "step 3: rollouts started")
+    latest = latest_checkpoint(killed_dir / "checkpoints")
+    # Step 3's rollouts start once step 1's checkpoint is written (they sample on its adapter); a
+    # checkpoint after step s holds step s + 1, already submitted, with the rollouts it had finished.
+    assert latest is not None and latest.name in ("step-000001", "step-000002")
+    last = int(latest.name.removeprefix("step-"))
+    in_flight = json.loads((latest / "rollouts.json").read_text())
+    assert [(step["step"], step["adapter_version"]) for step in in_flight] == [(last + 1, last)]
+    _assert_resumed_exactly(async_runs, killed_dir)
+    kept = len(in_flight[0]["finished"])
+    said = f"step {last + 1}: {kept} rollouts kept from the checkpoint, {8 - kept} played again"
+    assert said in (killed_dir / LOG_FILE).read_text()
+    history = async_runs.uninterrupted.history
+    assert [record["sampled_adapter_versions"] for record in history] == [[0], [0], [1]]
 
 
 def _stopped_by(signum: int, command: list[str], log: Path) -> tuple[int, str, float]:
