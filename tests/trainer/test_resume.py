@@ -171,12 +171,12 @@ def test_sigkill_with_rollouts_in_flight_then_resume_matches_an_uninterrupted_ru
     killed_dir = tmp_path / "killed"
     _sigkill_at(async_runs.config_path, killed_dir, "step 3: rollouts started")
     latest = latest_checkpoint(killed_dir / "checkpoints")
-    # Step 3's rollouts start once step 1's checkpoint is written (they sample on its adapter); a
-    # checkpoint after step s holds step s + 1, already submitted, with the rollouts it had finished.
+    # Step s samples on the adapter after step s - 2; a checkpoint after step s holds step s + 1,
+    # already submitted on version s - 1, with the rollouts it had finished.
     assert latest is not None and latest.name in ("step-000001", "step-000002")
     last = int(latest.name.removeprefix("step-"))
     in_flight = json.loads((latest / "rollouts.json").read_text())
-    assert [(step["step"], step["adapter_version"]) for step in in_flight] == [(last + 1, last)]
+    assert [(step["step"], step["adapter_version"]) for step in in_flight] == [(last + 1, last - 1)]
     _assert_resumed_exactly(async_runs, killed_dir)
     kept = len(in_flight[0]["finished"])
     said = f"step {last + 1}: {kept} rollouts kept from the checkpoint, {8 - kept} played again"
