@@ -32,6 +32,7 @@ from policy_server.http.images import (
 from policy_server.http.metrics import RequestMetricsMiddleware, ServerMetrics
 from policy_server.image_store import ImageStore, trace_key
 from policy_server.jobs import JobLimits, JobRegistry
+from policy_server.models.families import Family, UnknownFamilyError, family_of
 from policy_server.recording import call_record
 from policy_server.trace import RolloutTrace, TokenCounters
 
@@ -319,11 +320,27 @@ class PolicyServer:
                 400, "This policy's model is text-only and takes no image inputs; send text content only."
             )
         generation = generation_request(request, max_tokens_cap=max_tokens)
+        effort = generation.reasoning_effort or generation.chat_template_kwargs.get("reasoning_effort")
+        if effort is not None and self._family is not None:
+            refusal = self._family.reasoning_effort_refusal(effort)
+            if refusal is not None:
+                raise Rejection(400, refusal)
         try:
             generation.images = request_images(generation.messages, self.image_limits)
         except ImageError as error:
             raise Rejection(400, str(error)) from None
         return generation
+
+    @cached_property
+    def _family(self) -> Family | None:
+        """The served model's family, when the engine names a model directory of a known one."""
+        model_dir = getattr(self.engine, "model_dir", None)
+        if model_dir is None:
+            return None
+        try:
+            return family_of(model_dir)
+        except UnknownFamilyError:  # a hub id, or a directory without config.json: the engine's to judge
+            return None
 
     async def _generate(self, generation: GenerationRequest, version: int) -> GenerationResult:
         """The engine's answer; its refusals become 400s, its failures 500s; the version is released."""

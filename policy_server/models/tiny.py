@@ -209,7 +209,10 @@ def _corpus_texts(extra: Iterable[str] | None) -> list[str]:
     return texts
 
 
-def _train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
+def _train_tokenizer(
+    texts: Sequence[str], vocab_size: int, special_tokens: Sequence[str] = (*CONTROL_TOKENS, *TOOL_TAGS)
+) -> Any:
+    """A byte-level BPE over ``texts`` whose ``special_tokens`` (a family's markers) are single tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -225,7 +228,7 @@ def _train_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=[*CONTROL_TOKENS, *TOOL_TAGS],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

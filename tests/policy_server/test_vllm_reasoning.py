@@ -80,7 +80,6 @@ def test_reasoning_comes_back_and_its_tokens_are_recorded(
             messages=[{"role": "user", "content": QUESTION}],
             temperature=0.0,
             max_tokens=32,
-            reasoning_effort="low",  # passes through to vLLM (the template may read it)
         )
         (call,) = server.take_trace(JOB, rollout_id).calls
     message = answer.choices[0].message

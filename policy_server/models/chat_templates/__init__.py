@@ -7,8 +7,8 @@ sampler and learner see the same tokens: the hf engine's ``apply_chat_template``
 
 The setting is a shipped template's name (``chatml-tools``: ChatML with hermes ``<tool_call>``
 blocks, for any model whose turns use ``<|im_start|>``/``<|im_end|>``; ``chatml-tools-vision``: the
-same with image parts rendered as Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``) or a
-path to a Jinja file.
+same with image parts rendered as Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``;
+``harmony``: gpt-oss's harmony format, the tiny gpt-oss's template) or a path to a Jinja file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ _HERE = Path(__file__).resolve().parent
 SHIPPED: dict[str, str] = {
     "chatml-tools": "chatml_tools.jinja",
     "chatml-tools-vision": "chatml_tools_vision.jinja",
+    "harmony": "harmony.jinja",
 }
 
 

@@ -67,6 +67,20 @@ class Family:
         content, tool_calls = parse_tool_calls(text)
         return ParsedCompletion(content=content, tool_calls=tool_calls)
 
+    def reasoning_effort_refusal(self, effort: Any) -> str | None:
+        """Why a request's ``reasoning_effort`` cannot reach this family's template (a sentence), or None."""
+        if not self.reasoning_efforts:
+            return (
+                f"The served model's family ({self.name}) has no reasoning_effort switch; "
+                "leave reasoning_effort unset."
+            )
+        if effort not in self.reasoning_efforts:
+            return (
+                f"reasoning_effort {effort!r} is not one the {self.name} family reads; "
+                f"use one of: {', '.join(self.reasoning_efforts)}."
+            )
+        return None
+
     def build_tiny(
         self, out: Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
     ) -> Path:
