@@ -280,6 +280,7 @@ COMPLETIONS = [
 ]
 
 
+@pytest.mark.vllm
 def test_the_parse_reads_the_templates_calls_and_the_models_own_form_as_vllm_does(
     tiny_gpt_oss: Path, harmony_vocabulary: Path, vllm_python: str
 ) -> None:
