@@ -129,6 +129,9 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
         learner = RayLearner(base_model, config, placement=placement)
     state, resumed_from, loaded = _restore(learner, checkpoint_dir, resume)
     metrics = _metrics_logger(config, state, resumed_from)
+    if isinstance(learner, Learner) and not resumed_from:
+        # What the learner's base was loaded as (the config says "auto"; this is what it resolved to).
+        metrics.log_params(learner.base_load.params())
     session = Session(config, build_engine(config, base_model, placement), images)
     metrics.sinks.append(StepExporter(session.server.metrics.registry).publish)
     pipeline = RolloutPipeline(

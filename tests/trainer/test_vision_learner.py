@@ -160,7 +160,7 @@ def test_a_warm_start_keeps_its_vision_layers_outside_adapt_vision_frozen(
     config = TrainConfig.model_validate(
         {"init_adapter": str(tmp_path / "warm"), "lora": {"adapt_vision": adapt_vision}, "beta": 0.04}
     )
-    model, reference = build_model(tiny_vision_dir, config, torch.device("cpu"), torch.float32)
+    model, reference, _ = build_model(tiny_vision_dir, config, torch.device("cpu"), torch.float32)
     trained = [name for name, param in model.named_parameters() if param.requires_grad]
     assert reference == "reference" and all(".default." in name for name in trained)
     assert any(".language_model." in name for name in trained)

@@ -27,6 +27,17 @@ class LoraConfig(_Section):
         description="Module names to adapt (e.g. [q_proj, v_proj]), or 'all-linear' for every linear "
         "layer except the output head. In a vision-language model, of the parts adapt_vision names.",
     )
+    target_parameters: list[str] = Field(
+        default_factory=list,
+        description="Parameters to adapt besides target_modules, by full name or name suffix (peft's "
+        "target_parameters): a mixture-of-experts model's experts are 3-D parameters no module name "
+        "reaches, e.g. [mlp.experts.gate_up_proj, mlp.experts.down_proj] for gpt-oss. Each name must "
+        "match a parameter of the model. Each expert gets its own rank-r factors; during the update "
+        "every adapted parameter is rebuilt in full (W + BA) per layer, which rft plan counts. "
+        "Qwen3-MoE (and the other models peft converts from transformers 4's layout) already get "
+        "their experts from target_modules: 'all-linear' or gate_proj/up_proj/down_proj. "
+        "docs/models.md#mixture-of-experts-models-adapters-and-memory.",
+    )
     adapt_vision: Literal["none", "projector", "all"] = Field(
         default="none",
         description="Vision-language models: what LoRA adapts besides the language model. 'none': "
@@ -41,6 +52,13 @@ class LoraConfig(_Section):
     def _non_empty(cls, value: list[str] | str) -> list[str] | str:
         if isinstance(value, list) and not value:
             raise ValueError("list at least one module name, or use 'all-linear'")
+        return value
+
+    @field_validator("target_parameters")
+    @classmethod
+    def _named(cls, value: list[str]) -> list[str]:
+        if any(not name.strip() or name.startswith(".") or name.endswith(".") for name in value):
+            raise ValueError("name each parameter in full or by a dotted suffix, e.g. mlp.experts.down_proj")
         return value
 
     def rank_with(self, init_adapter: str | Path | None) -> int:

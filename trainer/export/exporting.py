@@ -17,6 +17,7 @@ from policy_server.models import chat_template_text, load_model, load_tokenizer
 from trainer.export.card import write_card
 from trainer.export.source import ADAPTER_CONFIG, ExportError, ExportSource
 from trainer.export.verify import TOLERANCES, Verification, compare, decode, prompt_ids
+from trainer.learner.base_load import load_for_training
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Files of the base model directory a merged export does not copy: save_pretrained writes its own.
@@ -36,7 +37,9 @@ def _policy(source: ExportSource, dtype: torch.dtype) -> Any:
     """The trained policy: the base in ``dtype`` with the adapter as saved, as the hf engine loads it."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(load_model(source.base_model, dtype=dtype), str(source.adapter_dir))
+    # Loaded as the learner loads it (dequantised, the family's attention): merged weights are dense.
+    base, _ = load_for_training(source.base_model, dtype)
+    return PeftModel.from_pretrained(base, str(source.adapter_dir))
 
 
 def _write_adapter(source: ExportSource, out: Path, dtype: torch.dtype) -> None:

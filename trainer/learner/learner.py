@@ -88,7 +88,9 @@ class Learner:
         # LoRA's initial A matrices are drawn from torch's global RNG: seed it for a reproducible start.
         torch.manual_seed(config.seed)
         self.dtype = dtype
-        self.model, self.reference_adapter = build_model(model_dir, config, self.device, dtype)
+        # How the base was loaded (dtype, attention, dequantised from), for the run's record.
+        built = build_model(model_dir, config, self.device, dtype)
+        self.model, self.reference_adapter, self.base_load = built
         base_config = self.model.get_base_model().config
         self.vision = VisionInputs(model_dir, base_config) if is_vision_model(base_config) else None
         self.model.train()

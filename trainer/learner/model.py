@@ -4,12 +4,14 @@ the warm start loaded a second time, frozen, when it is the KL reference."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policy_server.models import is_vision_model, load_model
+from policy_server.models import is_vision_model
+from trainer.learner.base_load import BaseLoad, load_for_training
 from trainer.learner.vision import freeze_vision_outside_scope, lora_targets
 
 if TYPE_CHECKING:
@@ -21,15 +23,20 @@ TRAINED_ADAPTER = "default"  # peft's name for the adapter it creates or loads f
 REFERENCE_ADAPTER = "reference"
 
 
+class LoraTargetError(ValueError):
+    """A LoRA setting that names nothing in the model."""
+
+
 def build_model(
     model_dir: str | Path, config: TrainConfig, device: torch.device, dtype: torch.dtype
-) -> tuple[Any, str | None]:
-    """The base model with its trainable adapter (fresh, or ``init_adapter``), and the name of the
-    frozen reference adapter when the KL reference is the warm start (else None: the base model)."""
+) -> tuple[Any, str | None, BaseLoad]:
+    """The base model with its trainable adapter (fresh, or ``init_adapter``), the name of the
+    frozen reference adapter when the KL reference is the warm start (else None: the base model),
+    and how the base was loaded (dtype, attention, dequantisation: :mod:`trainer.learner.base_load`)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    placed = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
-    base = load_model(model_dir, dtype=dtype, **placed)
+    placed: dict[str, Any] = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+    base, loaded = load_for_training(model_dir, dtype, **placed)
     if config.learner.gradient_checkpointing:
         base.config.use_cache = False
         enable_checkpointing(base)
@@ -40,14 +47,16 @@ def build_model(
         targets = config.lora.target_modules
         if is_vision_model(base.config):
             targets = lora_targets(base, config.lora)  # the language model's unless widened
+        check_target_parameters(base, config.lora.target_parameters, model_dir)
         lora = LoraConfig(
             r=config.lora.r,
             lora_alpha=config.lora.lora_alpha,
             lora_dropout=config.lora.lora_dropout,
             target_modules=targets,
+            target_parameters=list(config.lora.target_parameters) or None,
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(base, lora, autocast_adapter_dtype=True), reference_adapter
+        return get_peft_model(base, lora, autocast_adapter_dtype=True), reference_adapter, loaded
     model = PeftModel.from_pretrained(
         base, str(config.init_adapter), is_trainable=True, autocast_adapter_dtype=True
     )
@@ -69,7 +78,28 @@ def build_model(
                 frozen,
                 config.lora.adapt_vision,
             )
-    return model, reference_adapter
+    return model, reference_adapter, loaded
+
+
+def check_target_parameters(model: Any, names: list[str], model_dir: str | Path) -> None:
+    """:class:`LoraTargetError` when a name of ``lora.target_parameters`` matches no parameter of
+    ``model`` (peft's rule: the full name, or a suffix after a dot); peft itself only warns."""
+    params = [name for name, _ in model.named_parameters()]
+    missing = [wanted for wanted in names if not any(p == wanted or p.endswith(f".{wanted}") for p in params)]
+    if not missing:
+        return
+    # One layer's stacked (3-D) parameters, named as target_parameters takes them.
+    stacked = sorted(
+        {re.sub(r"^.*?\.\d+\.", "", name) for name, param in model.named_parameters() if param.dim() == 3}
+    )
+    have = (
+        f"its stacked expert parameters are {', '.join(stacked)}"
+        if stacked
+        else "it has no stacked (3-D) expert parameters; target_modules names its linear layers"
+    )
+    raise LoraTargetError(
+        f"lora.target_parameters names {', '.join(missing)}, which match no parameter of {model_dir}: {have}"
+    )
 
 
 def enable_checkpointing(model: Any) -> None:

@@ -1,16 +1,18 @@
 """Memory estimates of a decoder-only transformer from its ``config.json`` alone (no weights loaded).
 
 Covers the Llama family's shape (Llama, Mistral, Qwen2/2.5/3, SmolLM, Gemma's dense layers) and
-mixture-of-experts layers (``num_local_experts``/``num_experts``), enough to say before a run
-whether it fits. Parameter counts are exact for those layouts up to norms and biases; activation
-memory is an estimate (what a transformer layer keeps for its backward pass with a fused attention
-kernel, which keeps no [T, T] matrix), meant to be within tens of percent, not bytes.
+mixture-of-experts layers (``num_local_experts``/``num_experts``, every layer sparse: gpt-oss,
+Qwen3-MoE), enough to say before a run whether it fits. Parameter counts are exact for those layouts
+up to norms and biases; activation memory is an estimate (what a transformer layer keeps for its
+backward pass with a fused attention kernel, which keeps no [T, T] matrix; a family that trains with
+eager attention keeps one per layer, :meth:`ModelShape.eager_attention_bytes`), meant to be within
+tens of percent, not bytes. LoRA on experts: :meth:`ModelShape.adapted_experts`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Each trained LoRA parameter: its float32 value, gradient and AdamW's two moments.
 LORA_TRAINING_BYTES = 16
+# Model types whose experts peft (0.21, on transformers 5) adapts from target_modules, as it did when
+# they were nn.Linear modules in transformers 4: the fused gate_up stack at twice the rank, the
+# down stack, and the router's weight under 'all-linear'.
+PEFT_CONVERTED_EXPERTS = ("qwen3_moe",)
 
 
 class ModelShapeError(ValueError):
@@ -34,6 +40,27 @@ def _first(config: dict[str, Any], *names: str, default: Any = None) -> Any:
     if default is None:
         raise ModelShapeError(f"config.json has none of {', '.join(names)}: cannot estimate the model's size")
     return default
+
+
+@dataclass(frozen=True)
+class AdaptedStack:
+    """A stacked parameter LoRA adapts as peft's ``target_parameters`` do (an expert stack, or a
+    router's weight): each of its ``experts`` matrices of (in, out) features gets rank-``rank`` factors."""
+
+    name: str
+    features_in: int
+    features_out: int
+    rank: int
+    experts: int
+
+    @property
+    def lora_parameters(self) -> int:
+        return self.rank * self.experts * (self.features_in + self.features_out)
+
+    @property
+    def weights(self) -> int:
+        """The stack's size: what peft rebuilds (W + BA) on each forward while it is adapted."""
+        return self.experts * self.features_in * self.features_out
 
 
 @dataclass(frozen=True)
@@ -53,10 +80,13 @@ class ModelShape:
     experts_per_token: int = 0
     dtype: str = "bfloat16"  # the checkpoint's own dtype (vLLM's --dtype auto)
     max_positions: int = 0  # the model's own context length; 0: not said
+    model_type: str = ""  # config.json's model_type
+    eager_attention: bool = False  # the family trains with eager attention ([T, T] scores kept)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        """Read the sizes from a transformers config.json (a VLM's ``text_config`` when present)."""
+    def from_config(cls, config: dict[str, Any], eager_attention: bool = False) -> ModelShape:
+        """Read the sizes from a transformers config.json (a VLM's ``text_config`` when present).
+        ``eager_attention``: the model's family trains with eager attention."""
         text = config.get("text_config") or config
         hidden = int(_first(text, "hidden_size", "n_embd", "d_model"))
         heads = int(_first(text, "num_attention_heads", "n_head"))
@@ -78,14 +108,21 @@ class ModelShape:
             experts_per_token=int(_first(text, "num_experts_per_tok", "experts_per_token", default=0)),
             dtype=dtype if dtype in DTYPE_BYTES else "bfloat16",
             max_positions=int(_first(text, "max_position_embeddings", "n_positions", default=0)),
+            model_type=str(config.get("model_type", "")),
+            eager_attention=eager_attention,
         )
 
     @classmethod
     def from_model_dir(cls, directory: str | Path) -> ModelShape:
+        """:meth:`from_config` of the directory's config.json, with its family's training attention."""
+        from policy_server.models.families import family_of
+
         path = Path(directory) / "config.json"
         if not path.is_file():
             raise ModelShapeError(f"{directory} has no config.json: the plan needs the model's sizes")
-        return cls.from_config(json.loads(path.read_text(encoding="utf-8")))
+        family = family_of(directory)
+        eager = family is not None and family.train_attn_implementation == "eager"
+        return cls.from_config(json.loads(path.read_text(encoding="utf-8")), eager_attention=eager)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each projection of one layer (one expert's for MoE MLPs)."""
@@ -113,14 +150,77 @@ class ModelShape:
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return self.layers * per_layer + embeddings + self.hidden
 
-    def lora_parameters(self, rank: int, targets: Iterable[str] | str) -> int:
-        """Parameters of a LoRA adapter of ``rank`` on ``targets`` (names, or "all-linear").
+    def active_parameters(self) -> int:
+        """The weights one token's forward pass multiplies by: a mixture of experts' router's
+        ``experts_per_token`` experts of each layer, not all of them; the input embedding is a
+        lookup, not counted (as OpenAI counts gpt-oss-20b's 3.61 B active of 20.91 B)."""
+        idle = max(self.experts - self.experts_per_token, 0) if self.experts else 0
+        idle_experts = self.layers * idle * 3 * self.hidden * self.intermediate
+        return self.parameters() - idle_experts - self.vocab * self.hidden
+
+    def lora_parameters(
+        self, rank: int, targets: Iterable[str] | str, target_parameters: Sequence[str] = ()
+    ) -> int:
+        """Parameters of a LoRA adapter of ``rank`` on ``targets`` (names, or "all-linear") and on
+        the stacked parameters ``target_parameters`` names (:meth:`adapted_experts`).
 
         peft's "all-linear" wraps nn.Linear modules only: fused expert weights are parameters, not
-        modules, so an MoE's experts get no adapter from it.
+        modules, so an MoE's experts get no adapter from it, except where peft converts the names
+        (``PEFT_CONVERTED_EXPERTS``).
         """
         per_layer = sum(rank * (i + o) for i, o in self.adapted_modules(targets))
-        return self.layers * per_layer
+        stacks = self.adapted_experts(rank, targets, target_parameters)
+        return self.layers * (per_layer + sum(stack.lora_parameters for stack in stacks))
+
+    def adapted_experts(
+        self, rank: int, targets: Iterable[str] | str, target_parameters: Sequence[str] = ()
+    ) -> list[AdaptedStack]:
+        """The stacked parameters of one layer a LoRA adapter reaches: the expert stacks
+        ``target_parameters`` names (by their last name, e.g. ``mlp.experts.gate_up_proj``) and, for
+        ``PEFT_CONVERTED_EXPERTS``, those peft maps ``targets`` onto (gate_proj and up_proj: the
+        gate_up stack at twice the rank; down_proj; the router's weight, 'gate', under 'all-linear')."""
+        if not self.experts:
+            return []
+        shapes = {
+            "gate_up_proj": (self.hidden, 2 * self.intermediate, self.experts),
+            "down_proj": (self.intermediate, self.hidden, self.experts),
+            "gate": (self.hidden, self.experts, 1),
+        }
+        ranks = {leaf: rank for name in target_parameters if (leaf := name.rpartition(".")[2]) in shapes}
+        ranks.pop("gate", None)  # a router is named as gate.weight, which rftkit does not count
+        if self.model_type in PEFT_CONVERTED_EXPERTS:
+            named = set(ALL_LINEAR) | {"gate"} if targets == "all-linear" else set(targets)
+            if {"gate_proj", "up_proj"} <= named:
+                ranks["gate_up_proj"] = 2 * rank
+            ranks.update({name: rank for name in ("down_proj", "gate") if name in named})
+        return [
+            AdaptedStack(name, *shapes[name][:2], rank=ranks[name], experts=shapes[name][2]) for name in ranks
+        ]
+
+    def expert_lora_bytes(
+        self,
+        rank: int,
+        targets: Iterable[str] | str,
+        target_parameters: Sequence[str],
+        dtype_bytes: int,
+        checkpointing: bool,
+    ) -> int:
+        """What LoRA on stacked parameters keeps in the update: peft rebuilds each adapted stack in
+        full (W + BA, in the model's dtype) on every forward, and the backward keeps it; each layer
+        keeps its own (with checkpointing, only the layer being recomputed), and the backward holds
+        one layer's stacks' gradient besides."""
+        stacks = self.adapted_experts(rank, targets, target_parameters)
+        per_layer = sum(stack.weights for stack in stacks) * dtype_bytes
+        return per_layer * ((1 if checkpointing else self.layers) + 1)
+
+    def eager_attention_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
+        """Eager attention's [rows, heads, T, T] scores of one micro-batch of ``tokens`` tokens, at
+        their largest: rows of the longest length T the model takes (at most ``tokens``). Each layer
+        keeps its softmax for the backward (with checkpointing, only the layer being recomputed); the
+        layer being run holds two more of that size (its raw scores; in the backward, their gradient)."""
+        longest = min(tokens, self.max_positions) if self.max_positions else tokens
+        per_layer = tokens * self.heads * longest * dtype_bytes  # rows x heads x T x T, rows = tokens / T
+        return per_layer * ((1 if checkpointing else self.layers) + 2)
 
     def adapted_modules(self, targets: Iterable[str] | str) -> list[tuple[int, int]]:
         """(in, out) features of each module of one layer a LoRA adapter on ``targets`` wraps."""
@@ -154,6 +254,36 @@ class ModelShape:
             copy = features * 4 if dtype_bytes != 4 or dropout else 0
             per_layer += copy + rank * 4 + (features if dropout else 0)
         return tokens * per_layer * (1 if checkpointing else self.layers)
+
+    def update_extras(
+        self,
+        tokens: int,
+        rank: int,
+        targets: Iterable[str] | str,
+        target_parameters: Sequence[str],
+        dtype_bytes: int,
+        checkpointing: bool,
+    ) -> list[tuple[str, int]]:
+        """What the update holds besides :meth:`activation_bytes` where LoRA adapts stacked
+        parameters or the family trains with eager attention: (label, bytes) for the plan."""
+        extras = []
+        stacks = self.adapted_experts(rank, targets, target_parameters)
+        if stacks:
+            names = ", ".join(stack.name for stack in stacks)
+            extras.append(
+                (
+                    f"stacks rebuilt with LoRA for the backward ({names})",
+                    self.expert_lora_bytes(rank, targets, target_parameters, dtype_bytes, checkpointing),
+                )
+            )
+        if self.eager_attention:
+            extras.append(
+                (
+                    f"eager attention scores ([rows, {self.heads} heads, T, T] per layer)",
+                    self.eager_attention_bytes(tokens, dtype_bytes, checkpointing),
+                )
+            )
+        return extras
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token takes across all layers."""

@@ -78,6 +78,7 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {
             "parameters": self.shape.parameters(),
+            "active_parameters": self.shape.active_parameters(),
             "gpus_present": self.node.present,
             "placement": {
                 "learner": self.placement.learner_device,
@@ -133,7 +134,7 @@ def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement)
     dtype = placement.learner_dtype
     width = DTYPE_BYTES[dtype]
     tokens = config.max_tokens_per_microbatch
-    lora = shape.lora_parameters(config.lora.r, config.lora.target_modules)
+    lora = shape.lora_parameters(config.lora.r, config.lora.target_modules, config.lora.target_parameters)
     reference = lora * 4 if config.init_adapter is not None and config.beta > 0 else 0
     checkpointing = config.learner.gradient_checkpointing
     chunk = min(config.learner.logits_chunk_size, tokens)
@@ -162,6 +163,17 @@ def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement)
                 dropout=config.lora.lora_dropout > 0,
             ),
             "update",
+        ),
+        *(
+            Item(label, size, "update")
+            for label, size in shape.update_extras(
+                tokens,
+                config.lora.r,
+                config.lora.target_modules,
+                config.lora.target_parameters,
+                width,
+                checkpointing,
+            )
         ),
         Item(
             f"logits chunk ({chunk} positions x {shape.vocab} vocab)",
@@ -311,9 +323,11 @@ def render(plan: Plan) -> str:
     """The plan as a table per device, for people."""
     placement, node = plan.placement, plan.node
     gpus = f"{len(node.gpus)} GPU(s)" + ("" if node.present else " planned for") if node.gpus else "no GPU"
+    shape = plan.shape
+    active = f", {shape.active_parameters() / 1e9:.3f} B active per token" if shape.experts else ""
     lines = [
-        f"model: {plan.shape.parameters() / 1e9:.3f} B parameters ({plan.shape.layers} layers, hidden "
-        f"{plan.shape.hidden}, vocabulary {plan.shape.vocab}); node: {gpus}",
+        f"model: {shape.parameters() / 1e9:.3f} B parameters{active} ({shape.layers} layers, hidden "
+        f"{shape.hidden}, vocabulary {shape.vocab}); node: {gpus}",
         f"placement: learner on {placement.learner_device} ({placement.learner_dtype}), engine on "
         f"{placement.engine_device} ({placement.engine_dtype})"
         + (f", sharing GPU {placement.shared_gpus[0]}" if placement.shared_gpus else "")

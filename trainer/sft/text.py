@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from trainer.learner.base_load import load_for_training
 from trainer.sft.common import (
     DEFAULT_TARGET_MODULES,
     MAX_GRAD_NORM,
@@ -38,7 +39,7 @@ def trainee_for(
     model_dir: str | Path, demonstrations: Sequence[dict[str, Any]], chat_template: str | Path | None
 ) -> Trainee:
     """``demonstrations`` encoded for ``model_dir``'s model, text or vision-language."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from policy_server.models import is_vision_model, load_tokenizer
 
@@ -52,7 +53,7 @@ def trainee_for(
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
-        load_model=lambda dtype: AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype),
+        load_model=lambda dtype: load_for_training(model_dir, dtype)[0],
         batch=lambda examples: demonstration_batch(examples, pad_id),
         forward=text_logits,
     )

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from policy_server import ImageError, ImageInput, ImageLimits, image_from_url, image_parts
-from policy_server.models import VisionInputs, load_model
+from policy_server.models import VisionInputs
+from trainer.learner.base_load import load_for_training
 from trainer.sft.common import (
     DemonstrationError,
     EncodedDemonstration,
@@ -111,7 +112,7 @@ def vision_trainee(
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
-        load_model=lambda dtype: load_model(model_dir, dtype=dtype),
+        load_model=lambda dtype: load_for_training(model_dir, dtype)[0],
         batch=lambda examples: vision_batch(examples, pad_id, vision.image_token_id),
         forward=vision_logits,
     )
