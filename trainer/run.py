@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policy_server import ImageStore, TokenCounters
+from policy_server.models.families import Parsers
 from trainer.config import TrainConfig
-from trainer.engine import model_dir
+from trainer.engine import engine_parsers, model_dir
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import LoadedCheckpoint, RunState, latest_checkpoint, load_checkpoint
 from trainer.learner.learner import Learner
@@ -77,6 +78,7 @@ class Run:
     counted: TokenCounters = field(default_factory=TokenCounters)  # the server's counters at the last step
     on_evaluation: EvaluationHook | None = None
     transcripts: TranscriptKeeper | None = None  # a few episodes of each step and evaluation, for `rft show`
+    parsers: Parsers | None = None  # the engine's tool-call and reasoning parsers, named by fidelity stops
 
     @property
     def run_dir(self) -> Path:
@@ -115,6 +117,7 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
         )
     train_rows, eval_rows = _rows(config)
     base_model = model_dir(config, run_dir)
+    parsers = engine_parsers(config, base_model)  # an unknown family stops here, before anything loads
 
     # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
     placement = preflight(config, base_model)
@@ -126,7 +129,7 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
     else:
         from trainer.learner.distributed import RayLearner
 
-        learner = RayLearner(base_model, config, placement=placement)
+        learner = RayLearner(base_model, config, placement=placement, image_store=images)
     state, resumed_from, loaded = _restore(learner, checkpoint_dir, resume)
     metrics = _metrics_logger(config, state, resumed_from)
     if isinstance(learner, Learner) and not resumed_from:
@@ -144,6 +147,7 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
     run.transcripts = TranscriptKeeper(
         run_dir, config.transcripts, config.seed, base_model, config.chat_template
     )
+    run.parsers = parsers
     return run
 
 

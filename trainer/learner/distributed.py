@@ -11,7 +11,7 @@ adapters stay equal; rank 0 hands out the adapter and the optimizer state. Each 
 dropout from its own seed, so which worker computes it changes nothing.
 
 Files never have to be shared between nodes: adapters and optimizer state travel as bytes and tensors
-through Ray, so the workers may run on any node of the cluster.
+through Ray, and a batch's images with the batch, so the workers may run on any node of the cluster.
 
 A worker that dies (its process killed, its node lost) fails the step with
 :class:`LearnerWorkerDied`; :func:`train_with_auto_resume` then restarts the run from its newest
@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from policy_server import ImageStore
 from trainer.algo.sequences import TrainingSequence
 from trainer.errors import TrainingError
+from trainer.learner.batch_images import ShippedBatch, received, scorable, ship
 from trainer.learner.learner import Learner
 from trainer.learner.steps import GradientSums, StepResult
 from trainer.learner.worker_devices import worker_devices
@@ -69,7 +71,9 @@ class _ShardedLearner(Learner):
         self, model_dir: str | Path, config: TrainConfig, placement: Placement, rank: int, world: int
     ) -> None:
         self.rank, self.world = rank, world
-        super().__init__(model_dir, config, placement=placement)
+        # The images of the call in progress, on this worker's node (the driver's may be out of reach).
+        self.images = ImageStore.temporary()
+        super().__init__(model_dir, config, placement=placement, image_store=self.images)
 
     def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
         mine = range(self.rank, len(micro_batches), self.world)
@@ -177,13 +181,18 @@ class LearnerWorker:
         for parameter in self.learner.trainable:
             dist.broadcast(parameter.data, src=0)
 
-    def train_step(
-        self, sequences: list[TrainingSequence], seed: int | None, old_logprobs: list[torch.Tensor] | None
-    ) -> StepResult:
-        return self.learner.train_step(sequences, seed=seed, old_logprobs=old_logprobs)
+    def image_token_id(self) -> int | None:  # None for a text model
+        return None if self.learner.vision is None else self.learner.vision.image_token_id
 
-    def shard_old_logprobs(self, sequences: list[TrainingSequence]) -> dict[int, torch.Tensor]:
-        return to_cpu(self.learner.shard_old_logprobs(sequences))
+    def train_step(
+        self, batch: ShippedBatch, seed: int | None, old_logprobs: list[torch.Tensor] | None
+    ) -> StepResult:
+        with received(batch, self.learner.images) as sequences:
+            return self.learner.train_step(sequences, seed=seed, old_logprobs=old_logprobs)
+
+    def shard_old_logprobs(self, batch: ShippedBatch) -> dict[int, torch.Tensor]:
+        with received(batch, self.learner.images) as sequences:
+            return to_cpu(self.learner.shard_old_logprobs(sequences))
 
     def adapter_files(self) -> dict[str, bytes]:
         with tempfile.TemporaryDirectory() as directory:
@@ -205,11 +214,17 @@ class RayLearner:
 
     The same methods as :class:`~trainer.learner.learner.Learner` that the loop and checkpoints use; each
     call goes to every worker (whose results agree) and a worker's death raises
-    :class:`LearnerWorkerDied` after all of them are stopped.
+    :class:`LearnerWorkerDied` after all of them are stopped. ``image_store``: the run's images, read
+    here and sent to the workers with each batch (:mod:`trainer.learner.batch_images`).
     """
 
     def __init__(
-        self, model_dir: str | Path, config: TrainConfig, *, placement: Placement | None = None
+        self,
+        model_dir: str | Path,
+        config: TrainConfig,
+        *,
+        placement: Placement | None = None,
+        image_store: ImageStore | None = None,
     ) -> None:
         import ray
 
@@ -226,7 +241,7 @@ class RayLearner:
         placed = dataclasses.replace(
             placement, learner_device=worker_device(chosen.device), learner_dtype=chosen.dtype
         )
-        self.id = uuid.uuid4().hex[:8]
+        self.id, self.image_store = uuid.uuid4().hex[:8], image_store
         world = settings.learner_workers
         self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]
         actor = ray.remote(LearnerWorker)
@@ -242,6 +257,7 @@ class RayLearner:
         ]
         host, port = self._call([self.workers[0].rendezvous.remote()])[0]
         self._call([worker.join.remote(host, port) for worker in self.workers])
+        self.image_token_id: int | None = self._call([self.workers[0].image_token_id.remote()])[0]
         log.info("%d learner workers joined (%s backend)", world, "nccl" if cuda else "gloo")
 
     def train_step(
@@ -253,23 +269,23 @@ class RayLearner:
     ) -> StepResult:
         """One optimizer step on every worker (see :meth:`trainer.learner.learner.Learner.train_step`).
 
-        The batch goes into Ray's object store once and every worker gets a reference to it (Ray
-        would otherwise serialize a copy per call)."""
+        The batch goes into Ray's object store once, with its images, and every worker gets a
+        reference to it (Ray would otherwise serialize a copy per call)."""
         import ray
 
-        batch = ray.put(list(sequences))
+        batch = ray.put(ship(sequences, self.image_store))
         old = None if old_logprobs is None else ray.put(list(old_logprobs))
         return self._call([worker.train_step.remote(batch, seed, old) for worker in self.workers])[0]
 
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
-        """All of them: the workers train text models (they hold no image store)."""
-        return list(sequences)
+        """As the one-process learner's (:func:`trainer.learner.batch_images.scorable`)."""
+        return scorable(sequences, self.image_token_id)
 
     def old_logprobs(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
         """Each worker's share of :meth:`trainer.learner.learner.Learner.old_logprobs`, put together."""
         import ray
 
-        batch = ray.put(list(sequences))  # once, for every worker
+        batch = ray.put(ship(sequences, self.image_store))  # once, for every worker
         merged: dict[int, torch.Tensor] = {}
         for part in self._call([worker.shard_old_logprobs.remote(batch) for worker in self.workers]):
             merged.update(part)

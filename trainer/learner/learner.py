@@ -41,6 +41,7 @@ from trainer.algo.sequences import (
     pad_batch,
     right_pad,
 )
+from trainer.learner.batch_images import scorable
 from trainer.learner.model import TRAINED_ADAPTER, build_model, rng_devices
 from trainer.learner.steps import (
     GradientSums,
@@ -50,7 +51,7 @@ from trainer.learner.steps import (
     micro_batch_seed,
     to_device,
 )
-from trainer.learner.vision import batch_vision_inputs, stray_placeholders
+from trainer.learner.vision import batch_vision_inputs
 
 if TYPE_CHECKING:
     from policy_server import ImageStore
@@ -116,13 +117,8 @@ class Learner:
         self.steps_skipped = 0
 
     def scorable(self, sequences: Sequence[TrainingSequence]) -> list[TrainingSequence]:
-        """The sequences the learner can score exactly: for a vision-language model, those without an
-        image placeholder the policy sampled (:func:`trainer.learner.vision.stray_placeholders`); all
-        others."""
-        if self.vision is None:
-            return list(sequences)
-        token = self.vision.image_token_id
-        return [sequence for sequence in sequences if not stray_placeholders(sequence, token)]
+        """The sequences the learner can score exactly (:func:`trainer.learner.batch_images.scorable`)."""
+        return scorable(sequences, None if self.vision is None else self.vision.image_token_id)
 
     def batch_inputs(
         self, micro: Sequence[TrainingSequence]

@@ -9,7 +9,9 @@ actors and
   makes a version current for new rollouts only once all live replicas hold it;
 - fails over: a call whose replica dies is sent again to another live replica (it had not been
   recorded, and its seed makes the retry sample what the first try would have). Ray restarts the
-  dead actor (``max_restarts``); it rejoins once it has loaded the adapter versions in use.
+  dead actor (``max_restarts``); it rejoins once it has loaded the adapter versions in use;
+- takes images when the replicas' model does (``supports_images``, ``image_token_id``, asked of the
+  replicas at start): a call's decoded images travel to its replica inside the request.
 
 Ray is imported here only: a config without a ``ray`` section never imports this module.
 """
@@ -90,6 +92,9 @@ class RayEngine:
         self._adapters: dict[int, Any] = {}
         self._recovering: dict[int, asyncio.Task[None]] = {}
         self._rejoined = asyncio.Event()
+        # The placeholder token of an image in the prompt ids the replicas return (None: text-only);
+        # the gateway finds each image's span with it. Asked of the replicas at start.
+        self.image_token_id: int | None = None
 
     async def start(self) -> None:
         """Create the replica actors and wait until every engine has started."""
@@ -111,6 +116,13 @@ class RayEngine:
                 f"resources each one asks for ({self._options}; `ray status` shows what is free)"
             ) from None
         self.live = set(range(self.replica_count))
+        tokens = await asyncio.gather(*(replica.image_token_id.remote() for replica in self.replicas))
+        self.image_token_id = agreed_image_token(tokens)
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the replicas' model takes images (a vision-language model; known once started)."""
+        return self.image_token_id is not None
 
     def _name(self, index: int) -> dict[str, str]:
         return {"name": f"{self.name_prefix}-replica-{index}"} if self.name_prefix else {}
@@ -246,6 +258,17 @@ class RayEngine:
             log.error("inference replica %d did not come back within %g s", index, self.recovery_timeout_s)
         finally:
             self._recovering.pop(index, None)
+
+
+def agreed_image_token(tokens: list[int | None]) -> int | None:
+    """The image placeholder token every replica names; replicas that disagree serve different
+    models, which one gateway cannot record faithfully."""
+    if len(set(tokens)) > 1:
+        raise RuntimeError(
+            f"the inference replicas name different image placeholder tokens ({tokens}): they serve "
+            "different models; give every replica the same model directory"
+        )
+    return tokens[0] if tokens else None
 
 
 def _first_line(error: BaseException) -> str:

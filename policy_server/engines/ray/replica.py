@@ -84,6 +84,12 @@ class Replica:
         self._adapters.discard(version)
         await (await self._running()).unload_adapter(version)
 
+    async def image_token_id(self) -> int | None:
+        """The engine's image placeholder token, None for a text-only model (the gateway asks the
+        :class:`~policy_server.engines.ray.engine.RayEngine`, which asks its replicas)."""
+        engine = await self._running()
+        return getattr(engine, "image_token_id", None) if getattr(engine, "supports_images", False) else None
+
     async def loaded_adapters(self) -> list[int]:
         return sorted(self._adapters)
 
