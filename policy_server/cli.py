@@ -23,6 +23,7 @@ from policy_server.http.images import (
 )
 from policy_server.http.metrics import start_metrics_server
 from policy_server.models.chat_templates import ChatTemplateError
+from policy_server.models.families import AUTO, UnknownFamilyError, parsing_family, resolve_parsers
 from policy_server.server import PolicyServer
 from policy_server.workers.gateway_pool import serve_gateway
 
@@ -69,12 +70,15 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tool-call-parser",
-        default="hermes",
-        help="vllm engine: vLLM's --tool-call-parser (hermes, llama3_json, openai, ...; 'none' for "
-        "no parser; default: hermes)",
+        default=AUTO,
+        help="vLLM's --tool-call-parser (hermes, llama3_json, openai, ...; 'none' for no parser); "
+        "default auto: the model family's; the hf engine parses as the family using that parser",
     )
     parser.add_argument(
-        "--reasoning-parser", help="vllm engine: vLLM's --reasoning-parser (qwen3, openai_gptoss, ...)"
+        "--reasoning-parser",
+        default=AUTO,
+        help="vLLM's --reasoning-parser (qwen3, openai_gptoss, ...; 'none' for no parser); default "
+        "auto: the model family's",
     )
 
 
@@ -193,6 +197,8 @@ def _engine(args: argparse.Namespace) -> Engine:
     # Imported here: torch, and each engine's own stack (transformers, or a vLLM process manager).
     import torch
 
+    settings = (args.tool_call_parser, args.reasoning_parser)
+    parsers = resolve_parsers(args.model, *(None if name == "none" else name for name in settings))
     if args.engine == "vllm":
         from policy_server.engines.vllm import VLLMEngine
 
@@ -201,8 +207,8 @@ def _engine(args: argparse.Namespace) -> Engine:
             python=args.vllm_python,
             base_url=args.vllm_url,
             served_name=args.policy_name,
-            tool_call_parser=None if args.tool_call_parser == "none" else args.tool_call_parser,
-            reasoning_parser=args.reasoning_parser,
+            tool_call_parser=parsers.tool_call,
+            reasoning_parser=parsers.reasoning,
             chat_template=args.chat_template,
             dtype=args.dtype,
             image_limits=_image_limits(args),
@@ -213,7 +219,15 @@ def _engine(args: argparse.Namespace) -> Engine:
 
     device = args.device if args.device != "auto" else "cuda:0" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype if args.dtype != "auto" else "bfloat16" if device.startswith("cuda") else "float32"
-    return HFEngine(args.model, device=device, dtype=getattr(torch, dtype), chat_template=args.chat_template)
+    parsing_family(parsers)  # refuses here, before the model loads, a parser it cannot mirror
+    return HFEngine(
+        args.model,
+        device=device,
+        dtype=getattr(torch, dtype),
+        chat_template=args.chat_template,
+        tool_call_parser=parsers.tool_call,
+        reasoning_parser=parsers.reasoning,
+    )
 
 
 def _stop_on_interrupt_or_term() -> None:
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens = SageMakerTokenPolicy(access_key_ids=frozenset(args.sagemaker_access_key_ids))
     try:
         engine = _engine(args)
-    except ChatTemplateError as exc:
+    except (ChatTemplateError, UnknownFamilyError) as exc:
         print(f"rft serve: {exc}")
         return 2
     server = PolicyServer(

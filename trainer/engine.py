@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from policy_server.engines import Engine, VLLMEngine
+from policy_server.models.families import Parsers, UnknownFamilyError, parsing_family, resolve_parsers
 from trainer.config import TrainConfig
 from trainer.errors import TrainingError
 from trainer.scale.placement import Placement, cuda_visible_devices
@@ -18,6 +19,7 @@ from trainer.scale.placement import Placement, cuda_visible_devices
 
 def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
     """The engine ``config.engine`` names, on the devices ``placement`` gives it."""
+    parsers = engine_parsers(config, model_dir)
     if config.engine == "vllm":
         vllm = config.vllm
         # Placed on the CPU (no GPU for vLLM on this node, or a Ray replica without one), vLLM is
@@ -42,8 +44,8 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             else None,
             extra_args=vllm.extra_args,
             startup_timeout_s=vllm.startup_timeout_s,
-            tool_call_parser=vllm.tool_call_parser,
-            reasoning_parser=vllm.reasoning_parser,
+            tool_call_parser=parsers.tool_call,
+            reasoning_parser=parsers.reasoning,
             chat_template=config.chat_template,
             image_limits=config.policy_server.image_limits(),
         )
@@ -57,7 +59,23 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
         seed=config.seed,
         batch_invariant=config.hf.batch_invariant,
         chat_template=config.chat_template,
+        tool_call_parser=parsers.tool_call,
+        reasoning_parser=parsers.reasoning,
     )
+
+
+def engine_parsers(config: TrainConfig, model_dir: Path) -> Parsers:
+    """The tool-call and reasoning parsers the run's engine uses: ``vllm.tool_call_parser`` and
+    ``vllm.reasoning_parser`` (both engines read them; ``auto``: the model family's). A setting that
+    cannot be applied (``auto`` for a model no family covers, a parser the hf engine cannot mirror)
+    is a :class:`TrainingError` with the sentence that says what to set."""
+    try:
+        parsers = resolve_parsers(model_dir, config.vllm.tool_call_parser, config.vllm.reasoning_parser)
+        if config.engine == "hf":
+            parsing_family(parsers)
+    except UnknownFamilyError as error:
+        raise TrainingError(str(error)) from None
+    return parsers
 
 
 def model_dir(config: TrainConfig, run_dir: Path) -> Path:

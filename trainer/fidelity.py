@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from policy_server.models.families import Parsers
 from trainer.algo.fidelity import FIDELITY_PREFIX
 from trainer.algo.sequences import prefix_breaks
 from trainer.config import FidelityConfig
@@ -45,6 +46,20 @@ _TOOL_CALL_CAUSE = (
 )
 
 
+def _tool_call_cause(parsers: Parsers | None) -> str:
+    """Why calls went unparsed, naming the family, the parser in use and the one it expects."""
+    if parsers is None:
+        return _TOOL_CALL_CAUSE
+    expected = parsers.family.vllm_tool_call_parser if parsers.family is not None else parsers.tool_call
+    if expected != parsers.tool_call:
+        return f"{parsers.describe_tool_calls()}, so the model's calls stay in the text"
+    return (
+        f"{parsers.describe_tool_calls()} too: most likely the policy writes calls that parser cannot "
+        "read (a policy still learning the format), or a chat template whose tool section differs "
+        "from the family's teaches it another format"
+    )
+
+
 def split_update_metrics(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
     """The update's metrics without the learner's fidelity figures, and those figures renamed."""
     update = {key: value for key, value in metrics.items() if not key.startswith(FIDELITY_PREFIX)}
@@ -74,15 +89,19 @@ def step_fidelity(token_figures: dict[str, float], played: Sequence[PlayedRollou
     }
 
 
-def check_fidelity(config: FidelityConfig, step: int, fidelity: dict[str, Any]) -> None:
-    """Raise :class:`TrainingError` when the step's figures pass a limit of ``config``."""
+def check_fidelity(
+    config: FidelityConfig, step: int, fidelity: dict[str, Any], parsers: Parsers | None = None
+) -> None:
+    """Raise :class:`TrainingError` when the step's figures pass a limit of ``config``; ``parsers``
+    (the engine's) name the parser in use and the one the model's family expects when tool calls
+    went unparsed."""
     if not config.enabled or step < config.check_from_step:
         return
     checks = (
         ("logprob_abs_diff_mean", "max_mean_abs_logprob_diff", _LOGPROB_CAUSE),
         ("worst_sequence_abs_diff", "max_worst_sequence_abs_logprob_diff", _LOGPROB_CAUSE),
         ("prefix_break_fraction", "max_prefix_break_fraction", _PREFIX_CAUSE),
-        ("unparsed_tool_call_fraction", "max_unparsed_tool_call_fraction", _TOOL_CALL_CAUSE),
+        ("unparsed_tool_call_fraction", "max_unparsed_tool_call_fraction", _tool_call_cause(parsers)),
     )
     for figure, setting, cause in checks:
         limit = getattr(config, setting)

@@ -171,7 +171,7 @@ def run_step(
     run.state.history.append({"step": step, **record})
     run.metrics.log_step(step, record)
     check_failures(step, sampled.played)
-    check_fidelity(run.config.fidelity, step, record["fidelity"])
+    check_fidelity(run.config.fidelity, step, record["fidelity"], run.parsers)
     _checkpoint_if_due(run, step)
     return record
 

@@ -17,8 +17,10 @@ batch drains (first come, first served across versions). Version 0 runs with ada
 
 Logprobs are raw: log-softmax of the unprocessed logits at the sampled token (``logprobs_mode``
 "raw"), which is what the trainer recomputes. Completion ids end with the stop token when one was
-sampled. Tool calls are parsed (hermes ``<tool_call>``) when the request has tools and
-``tool_choice`` is not "none"; other ``tool_choice`` values are not enforced (no guided decoding).
+sampled. Tool calls (when the request has tools and ``tool_choice`` is not "none") and reasoning are
+parsed as vLLM's parsers for the model's family parse them (``policy_server/models/families``), or as
+the family whose parser an explicit ``tool_call_parser`` names; other ``tool_choice`` values are not
+enforced (no guided decoding).
 Sampling is seeded per request: ``request.seed``, or the engine's seed plus a counter. With
 ``batch_invariant`` (the default on the CPU) a row's logits do not depend on which rows share its batch
 (``batch_invariant.py``), so a seeded request samples the same tokens however requests are timed.
@@ -58,7 +60,7 @@ from policy_server.engines.hf_batch import Batch, Row
 from policy_server.engines.hf_decode import DecodeLoop
 from policy_server.http.chat_format import normalize_messages
 from policy_server.models.chat_templates import chat_template_path, load_tokenizer
-from policy_server.models.families import HERMES, family_of
+from policy_server.models.families import AUTO, parsing_family, resolve_parsers
 from policy_server.models.vision_inputs import VisionInputs, is_vision_model, load_model, position_ids
 
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -115,8 +117,15 @@ class HFEngine(DecodeLoop):
         seed: int = 0,
         batch_invariant: bool | None = None,
         chat_template: str | Path | None = None,
+        tool_call_parser: str | None = AUTO,
+        reasoning_parser: str | None = AUTO,
     ) -> None:
-        """``batch_invariant``: unset, on for the CPU and off on CUDA (:func:`default_batch_invariant`)."""
+        """``batch_invariant``: unset, on for the CPU and off on CUDA (:func:`default_batch_invariant`).
+
+        ``tool_call_parser`` and ``reasoning_parser`` are vLLM's parser names (None: none; ``auto``:
+        the model family's): completions are parsed as the family whose vLLM tool-call parser has
+        that name parses them, so both engines return the same fields (``families.parsing_family``).
+        """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.model_dir = Path(model_dir)
@@ -132,6 +141,8 @@ class HFEngine(DecodeLoop):
         self.stats = EngineStats()
         # Checked now, so a bad setting fails before the model loads; applied to the tokenizer in _load.
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
+        self._parser_settings = (tool_call_parser, reasoning_parser)
+        self._parse_tools = True
         self._seeds = itertools.count(seed << 32)
         self._tokenizer: Any = None
         self._vision: VisionInputs | None = None
@@ -349,8 +360,10 @@ class HFEngine(DecodeLoop):
     # ---- worker thread --------------------------------------------------------------------------
 
     def _load(self) -> None:
+        parsers = resolve_parsers(self.model_dir, *self._parser_settings)  # a refusal costs no load
+        self._family = parsing_family(parsers)
+        self._parse_tools = parsers.tool_call is not None
         self._tokenizer = load_tokenizer(self.model_dir, self._chat_template)
-        self._family = family_of(self.model_dir) or HERMES
         config = AutoConfig.from_pretrained(self.model_dir)
         vision = is_vision_model(config)
         options: dict[str, Any] = {"dtype": self.dtype}

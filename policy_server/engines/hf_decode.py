@@ -46,6 +46,7 @@ class DecodeLoop:
     stats: Any
     _tokenizer: Any
     _family: Family
+    _parse_tools: bool  # False: the tool-call parser is set to none, calls stay in the text
     _vision: VisionInputs | None
     _model: Any
     _adapters: set[int]
@@ -271,12 +272,13 @@ class DecodeLoop:
 
     def _result(self, row: Row) -> GenerationResult:
         ids = row.completion_ids
-        tools = bool(row.request.tools) and row.request.tool_choice != "none"
+        tools = self._parse_tools and bool(row.request.tools) and row.request.tool_choice != "none"
+        family = self._family.parsing_for(row.request.chat_template_kwargs)
         if row.stopped_text is not None:
-            parsed = self._family.parse_text(row.stopped_text, tools=tools)
+            parsed = family.parse_text(row.stopped_text, tools=tools)
         else:
             text_ids = ids[:-1] if ids and ids[-1] in self._stop_ids else ids
-            parsed = self._family.parse(self._tokenizer, text_ids, tools=tools)
+            parsed = family.parse(self._tokenizer, text_ids, tools=tools)
         return GenerationResult(
             prompt_token_ids=row.prompt_ids,
             completion_token_ids=list(ids),

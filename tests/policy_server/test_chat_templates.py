@@ -26,7 +26,7 @@ def test_the_shipped_template_is_the_tiny_models_own(tiny_model_dir: Path) -> No
 
 def test_an_unknown_template_names_the_shipped_ones(tmp_path: Path) -> None:
     with pytest.raises(
-        ChatTemplateError, match="neither a shipped template \\(chatml-tools, chatml-tools-vision\\)"
+        ChatTemplateError, match="neither a shipped template \\(chatml-tools, chatml-tools-vision, "
     ):
         chat_template_path("chatml-tool")
     with pytest.raises(ChatTemplateError, match="nor a readable file"):
@@ -74,7 +74,7 @@ def test_config_resolves_a_template_file_beside_it_and_refuses_a_missing_one(tmp
     config_path.write_text("chat_template: templates/mine.jinja\nvllm:\n  reasoning_parser: qwen3\n")
     config = load_config(config_path)
     assert config.chat_template == str((tmp_path / "templates" / "mine.jinja").resolve())
-    assert config.vllm.reasoning_parser == "qwen3" and config.vllm.tool_call_parser == "hermes"
+    assert config.vllm.reasoning_parser == "qwen3" and config.vllm.tool_call_parser == "auto"
     assert load_config(config_path, ["chat_template=chatml-tools"]).chat_template == "chatml-tools"
     with pytest.raises(ConfigError, match="chat_template.*neither a shipped template"):
         load_config(config_path, ["chat_template=templates/other.jinja"])

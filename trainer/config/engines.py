@@ -127,18 +127,21 @@ class VLLMConfig(_Section):
     startup_timeout_s: float = Field(
         default=600.0, gt=0, description="Seconds to wait for a started vLLM server to answer /health."
     )
-    # --- tool calls and reasoning (vLLM's own parser names)
+    # --- tool calls and reasoning (vLLM's own parser names; the hf engine reads them too)
     tool_call_parser: str | None = Field(
-        default="hermes",
-        description="vLLM's --tool-call-parser, with --enable-auto-tool-choice: 'hermes' (Qwen, and "
-        "the chatml-tools template), 'llama3_json' (Llama 3.x), 'openai' (gpt-oss), or any parser "
-        "your vLLM lists; null: tool calls stay in the text.",
+        default="auto",
+        description="vLLM's --tool-call-parser, with --enable-auto-tool-choice. 'auto': the model "
+        "family's, read from its config.json (hermes for Llama/Qwen2/Qwen3 and the chatml-tools "
+        "template, openai for gpt-oss, gemma4 for Gemma 4; docs/models.md), and a model no family covers stops the run "
+        "with a sentence; a name (any parser your vLLM lists) wins; null: tool calls stay in the "
+        "text. The hf engine reads it too and parses as the family whose vLLM parser it names.",
     )
     reasoning_parser: str | None = Field(
-        default=None,
-        description="vLLM's --reasoning-parser: 'qwen3', 'openai_gptoss', or any parser your vLLM "
-        "lists; the reasoning comes back as reasoning_content and its tokens stay in the recorded "
-        "completion. null: no parser.",
+        default="auto",
+        description="vLLM's --reasoning-parser: 'auto': the model family's (qwen3 for Qwen3, "
+        "openai_gptoss for gpt-oss, none for Llama), a name (any parser your vLLM lists) wins, "
+        "null: none. The reasoning comes back as reasoning_content and its tokens stay in the "
+        "recorded completion.",
     )
 
     @field_validator("attach_url")

@@ -22,6 +22,7 @@ _HERE = Path(__file__).resolve().parent
 SHIPPED: dict[str, str] = {
     "chatml-tools": "chatml_tools.jinja",
     "chatml-tools-vision": "chatml_tools_vision.jinja",
+    "qwen3": "qwen3.jinja",
     "harmony": "harmony.jinja",
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from policy_server.models.families.base import Family, ParsedCompletion, TinySizes
@@ -70,10 +71,86 @@ def family_of(model_dir: str | Path) -> Family | None:
     return family_for_model_type(model_type_of(model_dir))
 
 
+# A parser setting that means "the model family's own".
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Parsers:
+    """The tool-call and reasoning parsers (vLLM's names; None: no parser) an engine uses for a model."""
+
+    tool_call: str | None
+    reasoning: str | None
+    model_type: str
+    family: Family | None  # the model's; None when no family covers its model_type
+
+    def describe_tool_calls(self) -> str:
+        """In words: the model's family, the tool-call parser in use and the one the family expects."""
+        in_use = (
+            f"vLLM's {self.tool_call!r} parser" if self.tool_call else "no parser (tool_call_parser null)"
+        )
+        if self.family is None:
+            return (
+                f"the engine parses tool calls with {in_use}; the model (model_type "
+                f"{self.model_type!r}) belongs to no family rftkit knows, so none is expected"
+            )
+        expected = self.family.vllm_tool_call_parser
+        return (
+            f"the engine parses tool calls with {in_use}; the model's family, {self.family.name}, "
+            f"expects {expected!r}"
+            + (" (vllm.tool_call_parser: auto picks it)" if expected != self.tool_call else "")
+        )
+
+
+def resolve_parsers(
+    model_dir: str | Path, tool_call_parser: str | None = AUTO, reasoning_parser: str | None = AUTO
+) -> Parsers:
+    """The parsers for the model in ``model_dir``: an explicit setting (a name, or None for none)
+    wins; ``auto`` is the model family's. ``auto`` for a model no family covers is refused with a
+    sentence naming its model_type and the settings to give."""
+    model_type = model_type_of(model_dir)
+    found = family_for_model_type(model_type)
+    if found is None and AUTO in (tool_call_parser, reasoning_parser):
+        raise UnknownFamilyError(
+            f"the model in {model_dir} has model_type {model_type!r}, which no model family rftkit knows "
+            f"covers ({', '.join(_MODULES)}), so its parsers cannot be picked automatically: set "
+            "vllm.tool_call_parser and vllm.reasoning_parser (rft serve: --tool-call-parser and "
+            "--reasoning-parser) to vLLM's parser names for its format, or to null (none) for no parser"
+        )
+    return Parsers(
+        tool_call=found.vllm_tool_call_parser if tool_call_parser == AUTO and found else tool_call_parser,
+        reasoning=found.vllm_reasoning_parser if reasoning_parser == AUTO and found else reasoning_parser,
+        model_type=model_type,
+        family=found,
+    )
+
+
+def parsing_family(parsers: Parsers) -> Family:
+    """The family whose parsing the hf engine applies: the model's when it uses the tool-call parser
+    set (or none is set), else the family whose vLLM tool-call parser has that name (one whose
+    reasoning parser matches too first); a name no family uses is refused with a sentence."""
+    own = parsers.family
+    if parsers.tool_call is None or (own is not None and own.vllm_tool_call_parser == parsers.tool_call):
+        return own or HERMES
+    matching = [family(name) for name in _MODULES if family(name).vllm_tool_call_parser == parsers.tool_call]
+    if not matching:
+        names = sorted({parser for name in _MODULES if (parser := family(name).vllm_tool_call_parser)})
+        raise UnknownFamilyError(
+            f"the hf engine parses tool calls as a model family does, and no family uses vLLM's "
+            f"{parsers.tool_call!r} parser; set vllm.tool_call_parser (rft serve: --tool-call-parser) "
+            f"to one of {', '.join(names)}, to auto (the model family's) or to null (none)"
+        )
+    return next(
+        (found for found in matching if found.vllm_reasoning_parser == parsers.reasoning), matching[0]
+    )
+
+
 __all__ = [
+    "AUTO",
     "HERMES",
     "Family",
     "ParsedCompletion",
+    "Parsers",
     "TinySizes",
     "UnknownFamilyError",
     "family",
@@ -81,4 +158,6 @@ __all__ = [
     "family_names",
     "family_of",
     "model_type_of",
+    "parsing_family",
+    "resolve_parsers",
 ]

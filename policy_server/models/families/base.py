@@ -8,7 +8,7 @@ never branch on a family's name themselves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +52,11 @@ class Family:
     # The attention implementation the learner loads the family with (None: transformers' default).
     train_attn_implementation: ClassVar[str | None] = None
     vision: ClassVar[bool] = False
+
+    def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
+        """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a
+        variant where vLLM's parser reads a switch there (Qwen3's ``enable_thinking``)."""
+        return self
 
     def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
         """What vLLM's parsers for this family return for these sampled tokens (stop token excluded).
