@@ -143,11 +143,38 @@ def rowwise_attention(
         mask = None
         if 1 < n_q < n_k:  # queries are the last n_q keys: causal, aligned at the bottom right
             mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=n_q > 1 and n_q == n_k, scale=scaling, enable_gqa=gqa
-        )
+        if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): SDPA has none
+            if mask is None and n_q > 1:
+                mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+            attended = _sink_attention(q, k, v, mask, scaling, kwargs["s_aux"])
+        else:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=n_q > 1 and n_q == n_k, scale=scaling, enable_gqa=gqa
+            )
         out[row, q_total - n_q :] = attended[0].transpose(0, 1)
     return out, None
+
+
+def _sink_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """One row's attention whose softmax also weighs each head's learned sink logit, a slot that
+    attends to nothing (gpt-oss's ``s_aux``), computed as transformers' eager attention computes it."""
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.reshape(1, -1, 1, 1).expand(1, -1, q.shape[2], 1).to(scores.dtype)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return torch.matmul(F.softmax(combined, dim=-1)[..., :-1], v)
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
