@@ -204,3 +204,34 @@ def test_the_hf_engine_serves_and_hot_loads_an_experts_adapter(
     base, first, second = asyncio.run(sample())
     assert first != base  # the experts' adapter reached the served model
     assert first == second  # the same adapter hot-loaded as another version samples the same
+
+
+@pytest.mark.usefixtures("registry")
+def test_rft_sft_warm_starts_an_experts_adapter(
+    gpt_oss: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.sft.text import run_sft
+
+    monkeypatch.setattr("trainer.learner.base_load.family_of", lambda _: EagerFamily())
+    demonstrations = [
+        {"messages": [{"role": "user", "content": f"say {word}"}, {"role": "assistant", "content": word}]}
+        for word in ("yes", "no")
+    ]
+    result = run_sft(
+        gpt_oss,
+        demonstrations,
+        tmp_path / "adapter",
+        steps=2,
+        batch_size=2,
+        target_modules=["q_proj"],
+        target_parameters=EXPERT_PARAMETERS,
+    )
+
+    config = json.loads((result.adapter_dir / "adapter_config.json").read_text())
+    assert sorted(config["target_parameters"]) == sorted(EXPERT_PARAMETERS)
+    weights = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+    assert any(".mlp.experts.base_layer.lora_B" in name for name in weights)  # gate_up_proj's
+    with pytest.raises(LoraTargetError, match="mlp.experts.up_proj"):
+        run_sft(gpt_oss, demonstrations, tmp_path / "bad", steps=1, target_parameters=["mlp.experts.up_proj"])

@@ -61,6 +61,12 @@ def build_parser(add_sources: SourceOptions | None = None) -> argparse.ArgumentP
         help="comma-separated module names to adapt (default: every projection; a tiny model built "
         "from scratch needs embed_tokens and lm_head too)",
     )
+    parser.add_argument(
+        "--target-parameters",
+        default="",
+        help="comma-separated stacked parameters to adapt too, as lora.target_parameters: a "
+        "mixture-of-experts model's experts (gpt-oss: mlp.experts.gate_up_proj,mlp.experts.down_proj)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--device", default="auto", help="torch device: auto (the first GPU, else cpu), cpu, cuda:N"
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
             lora_alpha=args.lora_alpha,
             lora_dropout=args.lora_dropout,
             target_modules=[name.strip() for name in args.target_modules.split(",") if name.strip()],
+            target_parameters=[name.strip() for name in args.target_parameters.split(",") if name.strip()],
             seed=args.seed,
             on_step=report,
             chat_template=args.chat_template,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trainer.learner.base_load import load_for_training
+from trainer.learner.model import check_target_parameters
 from trainer.sft.common import (
     DEFAULT_TARGET_MODULES,
     MAX_GRAD_NORM,
@@ -59,12 +60,20 @@ def trainee_for(
     )
 
 
-def _with_lora(base: Any, r: int, alpha: float, dropout: float, targets: Sequence[str]) -> Any:
-    """``base`` with a fresh trainable LoRA adapter (peft keeps its weights float32 on a bf16 base)."""
+def _with_lora(
+    base: Any, r: int, alpha: float, dropout: float, targets: Sequence[str], parameters: Sequence[str]
+) -> Any:
+    """``base`` with a fresh trainable LoRA adapter on the modules ``targets`` and the (expert)
+    parameters ``parameters`` names (peft keeps its weights float32 on a bf16 base)."""
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(targets),
+        target_parameters=list(parameters) or None,
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(base, lora)
 
@@ -81,6 +90,7 @@ def run_sft(
     lora_alpha: float = 32.0,
     lora_dropout: float = 0.0,
     target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
+    target_parameters: Sequence[str] = (),
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
     chat_template: str | Path | None = None,
@@ -93,6 +103,8 @@ def run_sft(
     Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
     every step (progress display). ``chat_template`` replaces the model's own template (a shipped
     name or a file, see ``policy_server.models.chat_templates``): use the one the policy server will use.
+    ``target_parameters``: stacked parameters to adapt too, as ``lora.target_parameters`` (an MoE's
+    experts, e.g. ``mlp.experts.gate_up_proj``).
     ``stop`` ends the run before ``steps`` once a held-out loss reaches its target. ``device`` and
     ``dtype``: where and in which dtype the base model runs, resolved as the learner's
     (:func:`sft_device_and_dtype`: the first GPU in bfloat16, else the CPU in float32); the LoRA
@@ -111,7 +123,8 @@ def run_sft(
     encoded = trainee.encoded
     torch.manual_seed(seed)
     base = trainee.load_model(torch_dtype).to(placed)
-    model = _with_lora(base, lora_r, lora_alpha, lora_dropout, target_modules)
+    check_target_parameters(base, list(target_parameters), model_dir)
+    model = _with_lora(base, lora_r, lora_alpha, lora_dropout, target_modules, target_parameters)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
