@@ -1,11 +1,13 @@
 """The learner's side of vision-language models: which layers LoRA adapts, and the model inputs of a
 micro-batch whose sequences carry images.
 
-LoRA adapts the language model by default; the vision tower and its projector (Qwen2-VL's
-``visual.merger``) stay frozen, as they were pretrained. ``lora.adapt_vision`` widens that to the
-projector (``projector``) or to the whole tower (``all``). A warm-start adapter (``init_adapter``)
-may adapt the tower too (``rft sft`` on pictures does): its vision layers outside that scope load
-as they are and stay frozen, so RL moves what the policy does with what it sees, not how it sees.
+LoRA adapts the language model by default; the vision tower and its projectors (Qwen2-VL's
+``visual.merger``; Qwen3-VL's and its DeepStack mergers) stay frozen, as they were pretrained.
+``lora.adapt_vision`` widens that to the projectors (``projector``) or to the whole tower (``all``);
+where each part lives in the model is its family's (``Family.vision_parts``). A warm-start adapter
+(``init_adapter``) may adapt the tower too (``rft sft`` on pictures does): its vision layers outside
+that scope load as they are and stay frozen, so RL moves what the policy does with what it sees, not
+how it sees.
 
 A micro-batch's images are read back from the run's image store by hash (``TrainingSequence.images``)
 and go through the model's own image processor (:class:`policy_server.models.vision_inputs.VisionInputs`,
@@ -21,25 +23,32 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from policy_server.models import VisionInputs, position_ids
+from policy_server.models.families import HERMES, VisionParts, family_for_model_type
 
 if TYPE_CHECKING:
     from policy_server import ImageStore
     from trainer.algo.sequences import SequenceBatch, TrainingSequence
     from trainer.config import LoraConfig
 
-# Module-name prefixes of each part of a Qwen2-VL-family model (transformers 5 layout).
-_LANGUAGE = "model.language_model."
-_PROJECTOR = "model.visual.merger."
-_TOWER = "model.visual."
-_VISION_SCOPES = {"none": (), "projector": (_PROJECTOR,), "all": (_TOWER,)}
 _PEFT_PREFIX = "base_model.model."  # what peft puts before a wrapped model's parameter names
+
+
+def vision_parts(model: Any) -> VisionParts:
+    """Where ``model``'s (or its peft wrapper's) language model, tower and projectors live."""
+    return (family_for_model_type(model.config.model_type) or HERMES).vision_parts
+
+
+def _vision_scope(parts: VisionParts, adapt_vision: str) -> tuple[str, ...]:
+    """The vision prefixes ``lora.adapt_vision`` lets LoRA train."""
+    return {"none": (), "projector": parts.projectors, "all": (parts.tower,)}[adapt_vision]
 
 
 def lora_targets(model: Any, lora: LoraConfig) -> list[str]:
     """Full names of the linear layers LoRA adapts in a VLM: the language model's, plus the
-    projector's or the whole vision tower's as ``lora.adapt_vision`` says; ``lora.target_modules``
+    projectors' or the whole vision tower's as ``lora.adapt_vision`` says; ``lora.target_modules``
     (a list of names) narrows each part to layers whose name ends with one of them."""
-    scopes = [_LANGUAGE, *_VISION_SCOPES[lora.adapt_vision]]
+    parts = vision_parts(model)
+    scopes = [parts.language_model, *_vision_scope(parts, lora.adapt_vision)]
     wanted = None if lora.target_modules == "all-linear" else set(lora.target_modules)
     names = [
         name
@@ -59,11 +68,12 @@ def lora_targets(model: Any, lora: LoraConfig) -> list[str]:
 def freeze_vision_outside_scope(model: Any, lora: LoraConfig) -> int:
     """Freeze the trainable (LoRA) parameters of ``model``'s vision tower that ``lora.adapt_vision``
     leaves out, as a warm-start adapter loads every layer it adapts trainable; returns how many."""
-    kept = _VISION_SCOPES[lora.adapt_vision]
+    parts = vision_parts(model)
+    kept = _vision_scope(parts, lora.adapt_vision)
     frozen = 0
     for name, param in model.named_parameters():
         inner = name.removeprefix(_PEFT_PREFIX)
-        if param.requires_grad and inner.startswith(_TOWER) and not inner.startswith(kept):
+        if param.requires_grad and inner.startswith(parts.tower) and not inner.startswith(kept):
             param.requires_grad_(False)
             frozen += 1
     return frozen

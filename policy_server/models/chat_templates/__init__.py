@@ -8,7 +8,8 @@ sampler and learner see the same tokens: the hf engine's ``apply_chat_template``
 The setting is a shipped template's name (``chatml-tools``: ChatML with hermes ``<tool_call>``
 blocks, for any model whose turns use ``<|im_start|>``/``<|im_end|>``; ``chatml-tools-vision``: the
 same with image parts rendered as Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``;
-``harmony``: gpt-oss's harmony format, the tiny gpt-oss's template) or a path to a Jinja file.
+``harmony``: gpt-oss's harmony format, the tiny gpt-oss's template; ``qwen3-vl``: Qwen3-VL's format,
+the tiny Qwen3-VL's template) or a path to a Jinja file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _HERE = Path(__file__).resolve().parent
 SHIPPED: dict[str, str] = {
     "chatml-tools": "chatml_tools.jinja",
     "chatml-tools-vision": "chatml_tools_vision.jinja",
+    "qwen3-vl": "qwen3_vl.jinja",
     "qwen3": "qwen3.jinja",
     "harmony": "harmony.jinja",
 }

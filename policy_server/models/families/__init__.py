@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy_server.models.families.base import Family, ParsedCompletion, TinySizes
+from policy_server.models.families.base import Family, ParsedCompletion, TinySizes, VisionParts
 
 # family name -> module defining ``FAMILY``; imported on first use, so the registry stays light.
 _MODULES: dict[str, str] = {
@@ -153,6 +153,7 @@ __all__ = [
     "Parsers",
     "TinySizes",
     "UnknownFamilyError",
+    "VisionParts",
     "family",
     "family_for_model_type",
     "family_names",

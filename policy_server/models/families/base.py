@@ -29,6 +29,17 @@ class TinySizes:
 
 
 @dataclass(frozen=True)
+class VisionParts:
+    """Module-name prefixes (transformers 5 layout) of a vision-language model's parts, which the
+    learner's LoRA scopes name (``trainer/learner/vision.py``). The defaults are Qwen2-VL's."""
+
+    language_model: str = "model.language_model."
+    tower: str = "model.visual."
+    # The tower's projectors into the language model (under ``tower``).
+    projectors: tuple[str, ...] = ("model.visual.merger.",)
+
+
+@dataclass(frozen=True)
 class ParsedCompletion:
     """A completion split as vLLM's tool-call and reasoning parsers split it."""
 
@@ -52,6 +63,7 @@ class Family:
     # The attention implementation the learner loads the family with (None: transformers' default).
     train_attn_implementation: ClassVar[str | None] = None
     vision: ClassVar[bool] = False
+    vision_parts: ClassVar[VisionParts] = VisionParts()
 
     def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
         """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a
