@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "trainer/test_ray_demo.py",  # 142
     "policy_server/test_vllm_engine.py",  # 131
     "trainer/test_export_vllm.py",  # 110 alone (one vLLM start), not yet in a whole-suite run
+    "policy_server/test_vllm_qwen3_vl.py",  # 191 alone at load 8-12, not yet in a whole-suite run
     "policy_server/test_vllm_attach.py",  # 92
     "bench/test_device_check.py",  # 88
     "policy_server/test_smollm2.py",  # 78

@@ -8,9 +8,10 @@ model's own image processor (``preprocessor_config.json``):
   This is the one thing transformers' ``Qwen2VLProcessor`` adds to the image processor (done on ids
   here: that class also wants a video processor, which needs torchvision);
 - :meth:`VisionInputs.pixels`: ``pixel_values`` and ``image_grid_thw`` of a list of images;
-- :func:`position_ids`: Qwen2-VL's M-RoPE positions (time, height, width) of padded rows, from the
-  model's own ``get_rope_index``; text tokens after an image continue from the image's largest
-  position + 1, so a row's next position is ``max(positions) + 1``, not its length.
+- :func:`position_ids`: the M-RoPE positions (time, height, width) of padded rows, from the model's
+  own ``get_rope_index`` (Qwen2-VL's and Qwen3-VL's take the same arguments); text tokens after an
+  image continue from the image's largest position + 1, so a row's next position is
+  ``max(positions) + 1``, not its length.
 """
 
 from __future__ import annotations

@@ -185,3 +185,32 @@ def test_hf_engine_image_episodes_match_the_learner_and_train_tower_and_language
     for done in [*traces, trace]:
         server.release_trace(done)
     assert len(server.image_store) == 0
+
+
+def test_the_mazes_picture_demonstrations_warm_start_tower_mergers_and_language_model(
+    qwen3_vl_dir: Path, tmp_path: Path
+) -> None:
+    """``rft sft`` on pictures (trainer/sft/vision.py): the model computes its own M-RoPE positions
+    from the placeholders, and LoRA reaches Qwen3-VL's tower, merger, DeepStack merger and language
+    model by their module names."""
+    from peft import PeftModel
+
+    from agents.maze.demonstrations import maze_demonstrations
+    from trainer.sft.text import run_sft
+
+    targets = ["embed_tokens", "q_proj", "v_proj", "lm_head", "qkv", "linear_fc1", "linear_fc2"]
+    result = run_sft(
+        qwen3_vl_dir,
+        maze_demonstrations(4, observation="image"),
+        tmp_path / "adapter",
+        steps=6,
+        batch_size=2,
+        learning_rate=5e-3,
+        target_modules=targets,
+        seed=0,
+    )
+    assert sum(result.losses[-3:]) / 3 < 0.75 * result.losses[0], result.losses
+    model = PeftModel.from_pretrained(load_model(qwen3_vl_dir, dtype=torch.float32), result.adapter_dir)
+    trained = {name for name, p in model.named_parameters() if "lora_B" in name and torch.count_nonzero(p)}
+    for part in (".language_model.", ".visual.blocks.", ".visual.merger.", ".visual.deepstack_merger_list."):
+        assert any(part in name for name in trained), part

@@ -1,4 +1,4 @@
-"""``rft sft`` on demonstrations with images, for a vision-language model (Qwen2-VL family).
+"""``rft sft`` on demonstrations with images, for a vision-language model (Qwen2-VL, Qwen3-VL).
 
 A demonstration's image parts (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,
 ..."}}``, as agents send them) are decoded and checked as the gateway does (``policy_server.http.images``)
@@ -61,7 +61,7 @@ def encode_vision_demonstration(
     if placeholders != len(images):
         raise DemonstrationError(
             f"the chat template rendered {placeholders} image placeholders for {len(images)} images; "
-            "use a template that renders image parts (chatml-tools-vision)"
+            "use a template that renders image parts (chatml-tools-vision, qwen3-vl)"
         )
     if not images:
         return EncodedVisionDemonstration(
