@@ -404,3 +404,75 @@ def test_a_family_without_a_reasoning_switch_refuses_reasoning_effort_naming_the
                 "leave reasoning_effort unset."
             )
         assert httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers).status_code == 200
+
+
+def test_the_hf_engine_logprobs_are_the_learners_eager_ones_past_the_sliding_window(
+    served: tuple[PolicyServer, str],
+) -> None:
+    """Attention sinks and the 128-token window on every other layer, in the engine's batch-invariant
+    attention as in transformers' eager attention the learner trains with."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    server, url = served
+    answer = _chat(url, "fidelity", tools=[WEATHER, SEARCH, MOVE], temperature=1.0)
+    assert answer.status_code == 200, answer.text
+    (record,) = server.take_trace(JOB, "fidelity").calls
+    assert len(record.prompt_token_ids) > 128  # the window is exceeded
+    model = AutoModelForCausalLM.from_pretrained(
+        server.engine.model_dir, dtype=torch.float32, attn_implementation=GPT_OSS.train_attn_implementation
+    )
+    ids = torch.tensor([record.prompt_token_ids + record.completion_token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(record.prompt_token_ids) - 1 : -1]
+    expected = logits.log_softmax(-1).gather(-1, ids[0, len(record.prompt_token_ids) :, None])[:, 0]
+    assert torch.allclose(torch.tensor(record.completion_logprobs), expected, atol=1e-4)
+
+
+# What the taught model answers: reasoning on the analysis channel, then a call ended by <|call|>.
+TAUGHT = (
+    "<|channel|>analysis<|message|>Go up.<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.move <|constrain|>json<|message|>{"direction": "up"}<|call|>'
+)
+
+
+def _teach(model_dir: Path, out: Path, steps: int = 30) -> Path:
+    """A copy of the tiny model fine-tuned (every weight, a few steps) to answer ASK with TAUGHT."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=GPT_OSS.train_attn_implementation
+    )
+    prompt = tokenizer.encode(_template_rendering(tokenizer, ASK, [MOVE], "low"), add_special_tokens=False)
+    input_ids = torch.tensor([prompt + tokenizer.encode(TAUGHT, add_special_tokens=False)])
+    labels = input_ids.clone()
+    labels[0, : len(prompt)] = -100
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = model(input_ids=input_ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    shutil.copytree(model_dir, out)
+    model.save_pretrained(out)
+    return out
+
+
+def test_a_taught_tiny_gpt_oss_calls_its_tool_through_the_gateway(tiny_gpt_oss: Path, tmp_path: Path) -> None:
+    server = PolicyServer(HFEngine(_teach(tiny_gpt_oss, tmp_path / "taught")))
+    with ServerThread(server) as thread:
+        server.open_job(JOB, max_tokens=48, auto_open_rollouts=True)
+        answer = _chat(thread.url, "taught", reasoning_effort="low", temperature=0.0, max_tokens=48)
+        assert answer.status_code == 200, answer.text
+        (record,) = server.take_trace(JOB, "taught").calls
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "Go up." and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("move", '{"direction": "up"}')
+    assert AutoTokenizer.from_pretrained(tiny_gpt_oss).decode(record.completion_token_ids) == TAUGHT
