@@ -214,3 +214,41 @@ def test_the_mazes_picture_demonstrations_warm_start_tower_mergers_and_language_
     trained = {name for name, p in model.named_parameters() if "lora_B" in name and torch.count_nonzero(p)}
     for part in (".language_model.", ".visual.blocks.", ".visual.merger.", ".visual.deepstack_merger_list."):
         assert any(part in name for name in trained), part
+
+
+def test_image_and_text_calls_share_batches_and_sample_as_they_would_alone(qwen3_vl_dir: Path) -> None:
+    """Batch invariance holds with DeepStack: a row's features land on its own image tokens only."""
+    import asyncio
+    from typing import Any
+
+    from policy_server.engines.base import GenerationRequest
+    from policy_server.http.images import request_images
+
+    def request(content: Any, seed: int) -> GenerationRequest:
+        messages = [{"role": "user", "content": content}]
+        return GenerationRequest(
+            messages, max_tokens=4, seed=seed, images=request_images(messages, ImageLimits())
+        )
+
+    async def run() -> tuple[list[Any], list[Any], int]:
+        engine = HFEngine(qwen3_vl_dir, max_batch_size=8)
+        await engine.start()
+        try:
+            made = [
+                request([image_part(image_bytes((200, 20, 20)))], 1),
+                request("plain text", 2),
+                request([image_part(image_bytes((20, 20, 200), size=96))], 3),
+            ]
+            together = await asyncio.gather(*(engine.generate(r) for r in made))
+            peak = engine.stats.peak_batch_rows
+            alone = [await engine.generate(r) for r in made]
+        finally:
+            await engine.close()
+        return together, alone, peak
+
+    together, alone, peak = asyncio.run(run())
+    assert peak >= 2
+    for shared, single in zip(together, alone, strict=True):
+        assert shared.prompt_token_ids == single.prompt_token_ids
+        assert shared.completion_token_ids == single.completion_token_ids
+        assert shared.completion_logprobs == single.completion_logprobs  # to the bit
