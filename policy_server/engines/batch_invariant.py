@@ -123,7 +123,8 @@ def rowwise_attention(
     """Causal attention computed row by row over each row's unpadded keys (transformers' signature).
 
     ``query`` is ``[batch, heads, q, dim]``, ``key``/``value`` ``[batch, kv_heads, k, dim]``; returns
-    ``[batch, q, heads, dim]`` with zeros at padding positions.
+    ``[batch, q, heads, dim]`` with zeros at padding positions. A layer that passes ``sliding_window``
+    (Gemma's, gpt-oss's local layers) lets each query see only that many keys, ending at its own.
     """
     lengths = getattr(_state, "lengths", None)
     if lengths is None:
@@ -140,19 +141,28 @@ def rowwise_attention(
         q = query[row : row + 1, :, q_total - n_q :].contiguous()
         k = key[row : row + 1, :, key.shape[2] - n_k :].contiguous()
         v = value[row : row + 1, :, value.shape[2] - n_k :].contiguous()
-        mask = None
-        if 1 < n_q < n_k:  # queries are the last n_q keys: causal, aligned at the bottom right
-            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        mask = _causal_mask(n_q, n_k, kwargs.get("sliding_window"), q.device)
         if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): SDPA has none
             if mask is None and n_q > 1:
                 mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
             attended = _sink_attention(q, k, v, mask, scaling, kwargs["s_aux"])
         else:
             attended = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=n_q > 1 and n_q == n_k, scale=scaling, enable_gqa=gqa
+                q, k, v, attn_mask=mask, is_causal=mask is None and n_q > 1, scale=scaling, enable_gqa=gqa
             )
         out[row, q_total - n_q :] = attended[0].transpose(0, 1)
     return out, None
+
+
+def _causal_mask(n_q: int, n_k: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """The mask of ``n_q`` queries that are the last of ``n_k`` keys, None where SDPA's own causal
+    flag (or no mask, for one query) is exact. Query ``i`` sits at key ``n_k - n_q + i``."""
+    if window is not None and n_k > window:  # a sliding layer: the last `window` keys up to the query
+        ones = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+        return ones.tril(n_k - n_q) & ~ones.tril(n_k - n_q - window)
+    if 1 < n_q < n_k:  # causal, aligned at the bottom right
+        return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    return None
 
 
 def _sink_attention(

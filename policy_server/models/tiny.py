@@ -194,13 +194,14 @@ def _arithmetic_conversations() -> list[Conversation]:
     return conversations
 
 
-def _corpus_texts(extra: Iterable[str] | None) -> list[str]:
+def _corpus_texts(extra: Iterable[str] | None, chat_template: str = CHAT_TEMPLATE) -> list[str]:
+    """The example conversations rendered with ``chat_template``, the prose, and ``extra``."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     texts: list[str] = []
     for messages, tools in _example_conversations():
         rendered, _ = render_jinja_template(
-            conversations=[messages], tools=tools or None, chat_template=CHAT_TEMPLATE
+            conversations=[messages], tools=tools or None, chat_template=chat_template
         )
         texts.extend(rendered)
     texts.extend(_PROSE)

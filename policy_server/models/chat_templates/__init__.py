@@ -23,6 +23,7 @@ _HERE = Path(__file__).resolve().parent
 SHIPPED: dict[str, str] = {
     "chatml-tools": "chatml_tools.jinja",
     "chatml-tools-vision": "chatml_tools_vision.jinja",
+    "gemma4": "gemma4.jinja",
     "qwen3-vl": "qwen3_vl.jinja",
     "qwen3": "qwen3.jinja",
     "harmony": "harmony.jinja",
