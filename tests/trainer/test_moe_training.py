@@ -119,9 +119,15 @@ def _sequences(learner: Learner, advantages: list[float]) -> list[TrainingSequen
     return sequences
 
 
-def _config(**lora: object) -> TrainConfig:
+def _config(learner: dict[str, object] | None = None, **lora: object) -> TrainConfig:
     return TrainConfig.model_validate(
-        {"learning_rate": 1e-2, "max_steps": 2, "loss_type": "grpo", "lora": {"r": 2, **lora}}
+        {
+            "learning_rate": 1e-2,
+            "max_steps": 2,
+            "loss_type": "grpo",
+            "learner": learner or {},
+            "lora": {"r": 2, **lora},
+        }
     )
 
 
@@ -145,6 +151,13 @@ def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path, monkeypatch: 
     assert not result.skipped and result.metrics["grad_norm"] > 0
     moved = [name for name, param in learner.model.named_parameters() if name in experts]
     assert all(not torch.equal(learner.model.get_parameter(name), experts[name]) for name in moved)
+    # Gradient checkpointing recomputes each layer with its rebuilt expert stacks: the same gradient.
+    checkpointing = {"gradient_checkpointing": True}
+    checkpointed = Learner(
+        gpt_oss, _config(checkpointing, target_modules=["q_proj"], target_parameters=EXPERT_PARAMETERS)
+    )
+    again = checkpointed.train_step(_sequences(checkpointed, [1.0, -1.0]), seed=1)
+    assert again.metrics["grad_norm"] == pytest.approx(result.metrics["grad_norm"], rel=1e-5)
 
 
 @pytest.mark.usefixtures("registry")
