@@ -248,3 +248,29 @@ def test_rft_sft_warm_starts_an_experts_adapter(
     assert any(".mlp.experts.base_layer.lora_B" in name for name in weights)  # gate_up_proj's
     with pytest.raises(LoraTargetError, match="mlp.experts.up_proj"):
         run_sft(gpt_oss, demonstrations, tmp_path / "bad", steps=1, target_parameters=["mlp.experts.up_proj"])
+
+
+def test_a_run_records_how_its_base_was_loaded(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from trainer.run import open_run
+
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    config = TrainConfig.model_validate(
+        {
+            "model": str(tiny_model_dir),
+            "train_file": str(tmp_path / "train.jsonl"),
+            "output_dir": str(tmp_path / "run"),
+            "learner": {"device": "cpu"},
+        }
+    )
+    run = open_run(config, resume=False)
+    try:
+        params = MlflowClient(config.mlflow_uri).get_run(run.state.mlflow_run_id).data.params
+    finally:
+        run.metrics.close()
+    # learner.dtype says "auto"; the record says what it resolved to, and the attention used.
+    assert "'dtype': 'auto'" in params["learner"]  # the config's section, logged as it was given
+    assert params["learner.loaded_dtype"] == "float32"
+    assert params["learner.attn_implementation"] == "sdpa"
+    assert params["learner.dequantized_from"] == "none"
