@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from policy_server.models.families import Family
 from tests.trainer.moe_models import gpt_oss_dir, qwen3_moe_dir
 from trainer.config import TrainConfig
 from trainer.scale.memory import ModelShape
@@ -116,15 +115,12 @@ def test_the_plan_counts_them_for_gpt_oss_20b() -> None:
     assert plan.as_dict()["active_parameters"] == shape.active_parameters()
 
 
-def test_the_familys_eager_attention_reaches_the_shape(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model_dir = gpt_oss_dir(tiny_model_dir, tmp_path / "model")
-    eager = type("Eager", (Family,), {"train_attn_implementation": "eager"})()
-    monkeypatch.setattr("policy_server.models.families.family_of", lambda _: eager)
-    assert ModelShape.from_model_dir(model_dir).eager_attention
-    monkeypatch.setattr("policy_server.models.families.family_of", lambda _: Family())
-    assert not ModelShape.from_model_dir(model_dir).eager_attention
+def test_the_familys_eager_attention_reaches_the_shape(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # gpt_oss's family trains with eager attention (its sinks); qwen3's (Qwen3-MoE too) with SDPA.
+    assert ModelShape.from_model_dir(gpt_oss_dir(tiny_model_dir, tmp_path / "gpt-oss")).eager_attention
+    assert not ModelShape.from_model_dir(
+        qwen3_moe_dir(tiny_model_dir, tmp_path / "qwen3-moe")
+    ).eager_attention
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from typing import ClassVar
 import pytest
 import torch
 
-from policy_server.models import families
 from policy_server.models.families import Family
 from tests.trainer.moe_models import EXPERTS, gpt_oss_dir, quantize_experts_mxfp4, qwen3_moe_dir
 from trainer.algo.grpo import token_logprobs
@@ -33,17 +32,6 @@ class EagerFamily(Family):
     train_attn_implementation: ClassVar[str | None] = "eager"
 
 
-@pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The family registry without the families whose modules have not landed in this checkout (a
-    lookup by model type imports every module in order)."""
-    for name in families.family_names():
-        try:
-            families.family(name)
-        except ModuleNotFoundError:
-            monkeypatch.delitem(families._MODULES, name)
-
-
 @pytest.fixture(scope="module")
 def gpt_oss(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return gpt_oss_dir(tiny_model_dir, tmp_path_factory.mktemp("gpt-oss") / "model")
@@ -58,7 +46,7 @@ def test_mxfp4_experts_load_dequantised_in_the_dtype_asked_for(tiny_model_dir: P
     model_dir = gpt_oss_dir(tiny_model_dir, tmp_path / "model")
     expected = quantize_experts_mxfp4(model_dir)
 
-    model, loaded = load_for_training(model_dir, torch.float32, family=EagerFamily())
+    model, loaded = load_for_training(model_dir, torch.float32)  # its family's (gpt_oss) attention
 
     for name, values in expected.items():
         parameter = model.get_parameter(name)
@@ -131,10 +119,7 @@ def _config(learner: dict[str, object] | None = None, **lora: object) -> TrainCo
     )
 
 
-@pytest.mark.usefixtures("registry")
-def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # gpt_oss's own family module may not have landed; its one attribute the learner reads is this.
-    monkeypatch.setattr("trainer.learner.base_load.family_of", lambda _: EagerFamily())
+def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path) -> None:
     learner = Learner(gpt_oss, _config(target_modules=["q_proj"], target_parameters=EXPERT_PARAMETERS))
     experts = {
         name: param.detach().clone()
@@ -144,7 +129,7 @@ def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path, monkeypatch: 
     assert len(experts) == 4  # gate_up and down, 2 layers
     # [out, rank x experts]: each expert has its own rank-2 factors (both stacks' out are 64 here).
     assert {tuple(param.shape) for param in experts.values()} == {(64, 2 * EXPERTS)}
-    assert learner.base_load.attn_implementation == "eager"
+    assert learner.base_load.attn_implementation == "eager"  # the gpt_oss family's
 
     result = learner.train_step(_sequences(learner, [1.0, -1.0]), seed=1)
 
@@ -160,7 +145,6 @@ def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path, monkeypatch: 
     assert again.metrics["grad_norm"] == pytest.approx(result.metrics["grad_norm"], rel=1e-5)
 
 
-@pytest.mark.usefixtures("registry")
 def test_target_parameters_that_name_nothing_stop_with_a_sentence(qwen3_moe: Path) -> None:
     with pytest.raises(
         LoraTargetError, match=r"mlp\.experts\.w13.*mlp\.experts\.down_proj, mlp\.experts\.gate_up_proj"
@@ -184,7 +168,6 @@ def _experts_adapter(model_dir: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.usefixtures("registry")
 @pytest.mark.parametrize("kind", ["gpt_oss", "qwen3_moe"])
 def test_the_hf_engine_serves_and_hot_loads_an_experts_adapter(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -219,15 +202,11 @@ def test_the_hf_engine_serves_and_hot_loads_an_experts_adapter(
     assert first == second  # the same adapter hot-loaded as another version samples the same
 
 
-@pytest.mark.usefixtures("registry")
-def test_rft_sft_warm_starts_an_experts_adapter(
-    gpt_oss: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_rft_sft_warm_starts_an_experts_adapter(gpt_oss: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     from trainer.sft.text import run_sft
 
-    monkeypatch.setattr("trainer.learner.base_load.family_of", lambda _: EagerFamily())
     demonstrations = [
         {"messages": [{"role": "user", "content": f"say {word}"}, {"role": "assistant", "content": word}]}
         for word in ("yes", "no")
