@@ -74,10 +74,28 @@ def test_the_default_limit_stops_on_unparsed_calls_naming_the_parsers(tiny_model
         check_fidelity(FidelityConfig(), 1, {"unparsed_tool_call_fraction": 0.75}, right)
 
 
-def test_a_run_whose_engine_parses_with_the_wrong_parser_stops_at_step_1(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def calling_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _always_calling(tmp_path_factory.mktemp("always-calling") / "model")
+
+
+def test_the_same_model_under_its_familys_parser_trains_with_every_call_parsed(
+    calling_model: Path, tmp_path: Path
+) -> None:
+    with serving(rft_app(_one_move)) as agent_url:
+        config = load_config(write_run_files(tmp_path, calling_model, agent_url, eval_file=None, max_steps=1))
+        summary = train(config)
+    assert summary.steps == 1
+    (record,) = [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert record["fidelity"]["unparsed_tool_calls"] == 0 and record["fidelity"]["calls"] == 8
+
+
+def test_a_run_whose_engine_parses_with_the_wrong_parser_stops_at_step_1(
+    calling_model: Path, tmp_path: Path
+) -> None:
     """The engine (hf) is told to parse no tool calls (``vllm.tool_call_parser: null``) while the
     model writes a hermes call in every reply."""
-    model = _always_calling(tmp_path / "model")
+    model = calling_model
     with serving(rft_app(_one_move)) as agent_url:
         config_path = write_run_files(
             tmp_path / "run", model, agent_url, eval_file=None, max_steps=2, vllm={"tool_call_parser": None}
