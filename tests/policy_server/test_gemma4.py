@@ -113,7 +113,8 @@ def test_thinking_is_an_on_off_switch_that_keeps_the_reasoning_of_tool_turns(tok
     # Reasoning of turns before the last user turn is dropped, as Gemma's template drops it.
     later = [*thinking, {"role": "user", "content": "And Oslo?"}]
     assert "Look it up." not in render(tokenizer, later, enable_thinking=True)
-    assert GEMMA4.reasoning_efforts == ()
+    refusal = GEMMA4.reasoning_effort_refusal("high")
+    assert refusal is not None and "enable_thinking" in refusal
 
 
 def test_the_tiny_model_has_gemma4s_structure_and_control_tokens(gemma4_dir: Path, tokenizer: Any) -> None:

@@ -141,6 +141,17 @@ def test_lora_trains_gemma4_and_the_hf_engine_serves_its_tool_calls(gemma4_dir: 
         server.open_rollout(JOB, rollout_id)
         headers = {JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: rollout_id}
         assert_the_taught_call(chat(thread.url, headers, temperature=0.0))
+        effort = httpx.post(
+            f"{thread.url}/v1/chat/completions",
+            headers=headers,
+            json={
+                "model": "default",
+                "messages": [{"role": "user", "content": "Hi."}],
+                "reasoning_effort": "low",
+            },
+            timeout=60,
+        )
+        assert effort.status_code == 400 and "enable_thinking" in effort.text
         MOVES.clear()
         asyncio.run(_play(thread.url, headers))
         trace = server.take_trace(JOB, rollout_id)

@@ -63,6 +63,12 @@ class Gemma4(Family):
             content=content or None, tool_calls=calls if tools else [], reasoning_content=reasoning
         )
 
+    def reasoning_effort_refusal(self, effort: Any) -> str | None:
+        return (
+            "Gemma 4 has no reasoning_effort; leave it unset and switch thinking on with "
+            'chat_template_kwargs {"enable_thinking": true}.'
+        )
+
     def build_tiny(
         self, out: Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
     ) -> Path:
