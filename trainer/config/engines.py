@@ -132,9 +132,10 @@ class VLLMConfig(_Section):
         default="auto",
         description="vLLM's --tool-call-parser, with --enable-auto-tool-choice. 'auto': the model "
         "family's, read from its config.json (hermes for Llama/Qwen2/Qwen3 and the chatml-tools "
-        "template, openai for gpt-oss, gemma4 for Gemma 4; docs/models.md), and a model no family covers stops the run "
-        "with a sentence; a name (any parser your vLLM lists) wins; null: tool calls stay in the "
-        "text. The hf engine reads it too and parses as the family whose vLLM parser it names.",
+        "template, openai for gpt-oss, gemma4 for Gemma 4; docs/models.md), and a model no family "
+        "covers stops the run with a sentence; a name (any parser your vLLM lists) wins; null: tool "
+        "calls stay in the text. The hf engine reads it too and parses as the family whose vLLM "
+        "parser it names.",
     )
     reasoning_parser: str | None = Field(
         default="auto",
