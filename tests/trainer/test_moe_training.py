@@ -152,6 +152,14 @@ def test_target_parameters_that_name_nothing_stop_with_a_sentence(qwen3_moe: Pat
         Learner(qwen3_moe, _config(target_parameters=["mlp.experts.w13"]))
 
 
+def test_lora_dropout_on_experts_stops_with_a_sentence(qwen3_moe: Path) -> None:
+    with pytest.raises(ValueError, match="set lora_dropout: 0"):
+        _config(lora_dropout=0.1, target_parameters=EXPERT_PARAMETERS)
+    # Qwen3-MoE's experts are adapted from 'all-linear' too (peft maps the names onto the stacks).
+    with pytest.raises(LoraTargetError, match=r"set lora\.lora_dropout: 0"):
+        Learner(qwen3_moe, _config(lora_dropout=0.1))
+
+
 def _experts_adapter(model_dir: Path, out: Path) -> Path:
     """A peft adapter on the experts only, its B factors random (a fresh one changes nothing)."""
     from peft import LoraConfig, get_peft_model

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
 from trainer.config.common import _Section
@@ -33,7 +34,8 @@ class LoraConfig(_Section):
         "target_parameters): a mixture-of-experts model's experts are 3-D parameters no module name "
         "reaches, e.g. [mlp.experts.gate_up_proj, mlp.experts.down_proj] for gpt-oss. Each name must "
         "match a parameter of the model. Each expert gets its own rank-r factors; during the update "
-        "every adapted parameter is rebuilt in full (W + BA) per layer, which rft plan counts. "
+        "every adapted parameter is rebuilt in full (W + BA) per layer, which rft plan counts; "
+        "lora_dropout must be 0. "
         "Qwen3-MoE (and the other models peft converts from transformers 4's layout) already get "
         "their experts from target_modules: 'all-linear' or gate_proj/up_proj/down_proj. "
         "docs/models.md#mixture-of-experts-models-adapters-and-memory.",
@@ -60,6 +62,16 @@ class LoraConfig(_Section):
         if any(not name.strip() or name.startswith(".") or name.endswith(".") for name in value):
             raise ValueError("name each parameter in full or by a dotted suffix, e.g. mlp.experts.down_proj")
         return value
+
+    @model_validator(mode="after")
+    def _no_dropout_on_parameters(self) -> LoraConfig:
+        if self.target_parameters and self.lora_dropout > 0:
+            # peft adds BA to the parameter itself; a dropout of the layer's input cannot be applied.
+            raise ValueError(
+                "lora.target_parameters cannot be combined with lora.lora_dropout > 0 (peft adapts a "
+                "parameter as W + BA, with no input to drop): set lora_dropout: 0"
+            )
+        return self
 
     def rank_with(self, init_adapter: str | Path | None) -> int:
         """The rank of the adapter training starts from: ``init_adapter``'s, else ``r``."""

@@ -33,7 +33,7 @@ def build_model(
     """The base model with its trainable adapter (fresh, or ``init_adapter``), the name of the
     frozen reference adapter when the KL reference is the warm start (else None: the base model),
     and how the base was loaded (dtype, attention, dequantisation: :mod:`trainer.learner.base_load`)."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import LoraConfig, PeftModel
 
     placed: dict[str, Any] = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
     base, loaded = load_for_training(model_dir, dtype, **placed)
@@ -56,7 +56,7 @@ def build_model(
             target_parameters=list(config.lora.target_parameters) or None,
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(base, lora, autocast_adapter_dtype=True), reference_adapter, loaded
+        return _with_adapter(base, lora, model_dir), reference_adapter, loaded
     model = PeftModel.from_pretrained(
         base, str(config.init_adapter), is_trainable=True, autocast_adapter_dtype=True
     )
@@ -79,6 +79,24 @@ def build_model(
                 config.lora.adapt_vision,
             )
     return model, reference_adapter, loaded
+
+
+def _with_adapter(base: Any, lora: Any, model_dir: str | Path) -> Any:
+    """``base`` with a fresh adapter of peft config ``lora``; peft's refusal of dropout on
+    parameters (which it also applies to the expert stacks it maps target_modules onto, as
+    Qwen3-MoE's) as a sentence naming the setting."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(base, lora, autocast_adapter_dtype=True)
+    except ValueError as error:
+        if "lora_dropout" not in str(error):
+            raise
+        raise LoraTargetError(
+            f"LoRA adapts parameters of {model_dir} (its experts: lora.target_parameters names them, or "
+            "peft maps lora.target_modules onto them for this model), which take no dropout: set "
+            "lora.lora_dropout: 0"
+        ) from error
 
 
 def check_target_parameters(model: Any, names: list[str], model_dir: str | Path) -> None:
