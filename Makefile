@@ -19,7 +19,7 @@ PACK_STAMP := .whl/.packed
 export RFTKIT_CACHE ?= $(CURDIR)/.cache
 SMOLLM2_STAMP := $(RFTKIT_CACHE)/.smollm2
 
-.PHONY: demo demo-smollm2 test test-fast lint bench clean
+.PHONY: demo demo-smollm2 demo-wordle test test-fast lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ demo: $(STAMP)
 # (docs/smollm2.md): about an hour on two idle cores.
 demo-smollm2: $(STAMP) $(VLLM_STAMP) $(SMOLLM2_STAMP)
 	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/rft demo --model smollm2 --engine vllm
+
+# SmolLM2-135M-Instruct learns Wordle, the SageMaker service's own task, played by the real Strands
+# agent and sampled by vLLM with each adapter hot-loaded; reported as the service bills (docs/wordle.md).
+demo-wordle: $(STAMP) $(VLLM_STAMP) $(SMOLLM2_STAMP)
+	RFTKIT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/rft demo --task wordle --model smollm2 --engine vllm
 
 # Ruff's lint and format checks, mypy over handlers/, policy_server/ and trainer/ (pyproject.toml), and
 # the house rules: module and function length, no import cycles, layers (tests/test_house_rules.py).

@@ -1,5 +1,6 @@
-"""The maze agent served as it would be deployed: its ``BedrockAgentCoreApp`` on uvicorn, in its own
-process (and off the trainer's interpreter lock)."""
+"""A demo's agent served as it would be deployed: its ``BedrockAgentCoreApp`` on uvicorn, in its own
+process (and off the trainer's interpreter lock). The maze's by default; ``rft demo --task wordle``
+serves the Wordle agent the same way."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ START_TIMEOUT_S = 300.0  # how long the agent may take to answer /ping before th
 
 
 @contextmanager
-def serve_agent() -> Iterator[str]:
-    """The maze agent's ``BedrockAgentCoreApp`` on uvicorn in its own process, as it would be deployed
-    (and off the trainer's interpreter lock); yields its URL and stops it on the way out."""
+def serve_agent(module: str = "agents.maze.main") -> Iterator[str]:
+    """The ``app`` of the agent ``module`` (a ``BedrockAgentCoreApp``) on uvicorn in its own process, as
+    it would be deployed (and off the trainer's interpreter lock); yields its URL and stops it on the
+    way out."""
     import socket
     import subprocess
 
@@ -27,7 +29,7 @@ def serve_agent() -> Iterator[str]:
         port = probe.getsockname()[1]
     # One INFO line per rollout from the app would bury the progress bar.
     launch = (
-        "import logging; from agents.maze.main import app; "
+        f"import logging; from {module} import app; "
         "logging.getLogger('bedrock_agentcore.app').setLevel(logging.WARNING); "
         f"app.run(port={port}, host='127.0.0.1', log_level='warning')"
     )
@@ -39,14 +41,16 @@ def serve_agent() -> Iterator[str]:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the maze agent exited with code {process.returncode} before serving")
+                raise RuntimeError(f"the agent {module} exited with code {process.returncode} before serving")
             try:
                 if httpx.get(f"{url}/ping", timeout=1.0).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the maze agent did not answer {url}/ping within {START_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"the agent {module} did not answer {url}/ping within {START_TIMEOUT_S:.0f} s"
+                )
             time.sleep(0.2)
         yield url
     finally:

@@ -25,6 +25,7 @@
     rft demo --model smollm2 --engine vllm              # SmolLM2-135M-Instruct learns it through vLLM
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
     rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
+    rft demo --task wordle    # the SageMaker service's own task (agents/wordle/demo/demo.py)
 """
 
 from __future__ import annotations
@@ -280,6 +281,12 @@ def _results(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rft demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task",
+        choices=("maze", "wordle"),
+        default="maze",
+        help="the demo's task (default maze); wordle: `rft demo --task wordle --help` for its options",
+    )
     parser.add_argument("--quick", action="store_true", help="a smaller run (about four minutes)")
     parser.add_argument("--out", type=Path, help="run directory (default: runs/demo-<time>)")
     parser.add_argument(
@@ -316,6 +323,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``rft demo``: see the module docstring."""
+    task = argparse.ArgumentParser(add_help=False)
+    task.add_argument("--task")
+    if task.parse_known_args(argv)[0].task == "wordle":
+        from agents.wordle.demo.demo import main as wordle_demo
+
+        return wordle_demo(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     pin_cpu_kernels()
