@@ -273,7 +273,7 @@ class DecodeLoop:
     def _result(self, row: Row) -> GenerationResult:
         ids = row.completion_ids
         tools = self._parse_tools and bool(row.request.tools) and row.request.tool_choice != "none"
-        family = self._family.parsing_for(row.request.chat_template_kwargs)
+        family = self._family.parsing_for(row.request.chat_template_kwargs).with_tools(row.request.tools)
         if row.stopped_text is not None:
             parsed = family.parse_text(row.stopped_text, tools=tools)
         else:

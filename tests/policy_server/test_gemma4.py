@@ -140,12 +140,12 @@ def test_the_tiny_model_has_gemma4s_structure_and_control_tokens(gemma4_dir: Pat
     assert set(tokenizer.convert_ids_to_tokens(stops)) == {"<turn|>", "<|tool_response>", "<eos>"}
 
 
-def test_parse_reads_calls_reasoning_and_content() -> None:
-    parsed = GEMMA4.parse_text(
-        "<|channel>thought\nCheck.<channel|>Sure.<|tool_call>call:add{a:3,b:4.5,exact:true,"
-        'tags:[<|"|>x<|"|>],where:{x:<|"|>a, b<|"|>}}<tool_call|>',
-        tools=True,
+def test_parse_reads_calls_reasoning_and_content_typed_by_the_tools_schemas() -> None:
+    text = (
+        '<|channel>thought\nCheck.<channel|>Sure.<|tool_call>call:add{a:3.0,b:<|"|>4.5<|"|>,exact:true,'
+        'tags:[<|"|>x<|"|>,7],where:{x:<|"|>a, b<|"|>}}<tool_call|>'
     )
+    parsed = GEMMA4.with_tools([WEATHER, ADD]).parse_text(text, tools=True)
     assert parsed.reasoning_content == "Check." and parsed.content == "Sure."
     [call] = parsed.tool_calls
     assert call["function"]["name"] == "add"
@@ -153,9 +153,12 @@ def test_parse_reads_calls_reasoning_and_content() -> None:
         "a": 3,
         "b": 4.5,
         "exact": True,
-        "tags": ["x"],
+        "tags": ["x", "7"],
         "where": {"x": "a, b"},
     }
+    # Without the tool's schema every value stays a string, as vLLM leaves it.
+    [untyped] = GEMMA4.parse_text(text, tools=True).tool_calls
+    assert json.loads(untyped["function"]["arguments"])["a"] == "3.0"
     # Without tools offered the call is still taken out of the content, as vLLM does.
     assert GEMMA4.parse_text(f"Hi.{CALL}", tools=False).tool_calls == []
     assert GEMMA4.parse_text("  plain  ", tools=True).content == "  plain  "
@@ -194,7 +197,13 @@ def _completions(tokenizer: Any) -> list[str]:
 def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
     gemma4_dir: Path, tokenizer: Any, vllm_python: str
 ) -> None:
-    texts = [*_completions(tokenizer), "thought\nhmm<channel|>Answer", '<|tool_call>call:add{a:<|"|>pa']
+    texts = [
+        *_completions(tokenizer),
+        "thought\nhmm<channel|>Answer",
+        '<|tool_call>call:add{a:<|"|>pa',
+        '<|tool_call>call:add{a:3.0,b:<|"|>7<|"|>,exact:1,tags:[1,<|"|>z<|"|>],where:{x:2}}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:two,extra:5}<tool_call|>',
+    ]
     cases = [
         {"ids": tokenizer.encode(text, add_special_tokens=False), "tools": tools, "enable_thinking": False}
         for text in texts
@@ -211,7 +220,9 @@ def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
     theirs = json.loads(answer.stdout)
     ours = []
     for case in cases:
-        parsed = GEMMA4.parse(tokenizer, case["ids"], tools=case["tools"] is not None)
+        parsed = GEMMA4.with_tools(case["tools"]).parse(
+            tokenizer, case["ids"], tools=case["tools"] is not None
+        )
         calls = [[call["function"]["name"], call["function"]["arguments"]] for call in parsed.tool_calls]
         ours.append({"reasoning": parsed.reasoning_content, "content": parsed.content, "tool_calls": calls})
     assert ours == theirs

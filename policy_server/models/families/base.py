@@ -70,6 +70,11 @@ class Family:
         variant where vLLM's parser reads a switch there (Qwen3's ``enable_thinking``)."""
         return self
 
+    def with_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> Family:
+        """The family that parses a request offering ``tools``: this one, or a variant that types call
+        arguments by the tools' schemas where vLLM's parser does (Gemma 4's)."""
+        return self
+
     def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
         """What vLLM's parsers for this family return for these sampled tokens (stop token excluded).
 

@@ -8,12 +8,12 @@ reasoning parsers. Thinking is an on/off switch, ``chat_template_kwargs: {"enabl
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from policy_server.models.families.argument_types import tool_properties, typed_arguments
 from policy_server.models.families.base import Family, ParsedCompletion, TinySizes
 
 TURN_START = "<|turn>"
@@ -24,7 +24,6 @@ TOOL_CALL_START = "<|tool_call>"
 TOOL_CALL_END = "<tool_call|>"
 QUOTE = '<|"|>'
 THOUGHT_LABEL = "thought\n"
-_CALL = re.compile(r"call:(\w*)[{(](.*)", re.DOTALL)
 
 
 class Gemma4(Family):
@@ -32,6 +31,13 @@ class Gemma4(Family):
     model_types = ("gemma4", "gemma4_text")
     vllm_tool_call_parser = "gemma4"
     vllm_reasoning_parser = "gemma4"
+
+    def __init__(self, properties: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        # Each offered tool's parameter properties, which type the call's values (with_tools).
+        self._properties = dict(properties or {})
+
+    def with_tools(self, tools: Sequence[Mapping[str, Any]] | None) -> Family:
+        return Gemma4(tool_properties(tools)) if tools else self
 
     def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
         """vLLM's gemma4 parsers read text decoded with the special tokens kept (``<|"|>`` too)."""
@@ -41,9 +47,8 @@ class Gemma4(Family):
         """Reasoning out of the thought channel; tool calls out of ``<|tool_call>`` blocks.
 
         Calls are taken out of the content whether or not the request offered tools, as vLLM's
-        parser does; they are returned only when it did. A bare value (``count:42``) is typed as
-        the JSON literal it spells, where vLLM types it by the tool's schema: the two agree whenever
-        a value has its schema's type.
+        parser does; they are returned only when it did. Their values are typed by the offered
+        tools' schemas (:meth:`with_tools`), strings where no schema says otherwise.
         """
         reasoning, rest = _split_reasoning(text)
         content_parts: list[str] = []
@@ -52,7 +57,7 @@ class Gemma4(Family):
             before, _, after = rest.partition(TOOL_CALL_START)
             content_parts.append(before)
             body, _, rest = after.partition(TOOL_CALL_END)
-            call = _tool_call(body)
+            call = _tool_call(body, self._properties)
             if call is not None:
                 calls.append(call)
         content_parts.append(rest)
@@ -104,40 +109,31 @@ def _first(text: str, markers: tuple[str, ...]) -> int:
     return min(found) if found else len(text)
 
 
-def _tool_call(body: str) -> dict[str, Any] | None:
-    match = _CALL.match(body.strip()) or re.match(r":(\w*)[{(](.*)", body.strip(), re.DOTALL)
-    if match is None or not match.group(1):
+def _tool_call(body: str, properties: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The call a ``<|tool_call>`` block holds: ``call:NAME{ARGS}`` (or ``:NAME{...}``); None without
+    a name. Every value is read as a string, then typed by the tool's schema, as vLLM types it."""
+    prefix, colon = body.find("call:"), body.find(":")
+    if colon < 0:
         return None
-    name, raw = match.group(1), match.group(2).strip()
-    if raw.endswith("}") or raw.endswith(")"):
+    start = prefix + len("call:") if 0 <= prefix and prefix + len("call") == colon else colon + 1
+    brace = _first(body[start:], ("{", "("))
+    name, raw = body[start : start + brace].strip(), body[start + brace + 1 :].strip()
+    if not name:
+        return None
+    if raw.endswith("}") or (raw.endswith(")") and raw.count("(") < raw.count(")")):
         raw = raw[:-1]
-    arguments = json.dumps(_typed(parse_arguments(raw)), ensure_ascii=False)
+    arguments = parse_arguments(raw)
+    if name in properties:
+        arguments = typed_arguments(arguments, properties[name])
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": name, "arguments": arguments},
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
     }
 
 
-def _typed(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _typed(inner) for key, inner in value.items()}
-    if isinstance(value, list):
-        return [_typed(inner) for inner in value]
-    if isinstance(value, _Bare):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return str(value)
-    return value
-
-
-class _Bare(str):
-    """A value written without ``<|"|>`` quotes: a number, true/false/null, or a stray word."""
-
-
 def parse_arguments(text: str) -> dict[str, Any]:
-    """Gemma's ``key:value,...`` argument text as a dict (strings unquoted, bare values as _Bare)."""
+    """Gemma's ``key:value,...`` argument text as a dict: strings unquoted, every leaf a string."""
     reader = _Reader(text)
     return reader.mapping(closing="")
 
@@ -195,7 +191,7 @@ class _Reader:
         start = self.at
         while self.at < len(self.text) and self.text[self.at] not in stops:
             self.at += 1
-        return _Bare(self.text[start : self.at].strip())
+        return self.text[start : self.at].strip()
 
 
 FAMILY = Gemma4()
