@@ -135,7 +135,10 @@ class DecodeLoop:
             return
         if version not in self._adapters:
             raise ValueError(f"adapter version {version} is not loaded")
-        self._model.set_adapter(f"v{version}")
+        name = f"v{version}"
+        # peft's set_adapter walks every module; a batch stays on one version for all its steps.
+        if self._model.active_adapter != name:
+            self._model.set_adapter(name)
         yield
 
     def _forward(
@@ -223,7 +226,10 @@ class DecodeLoop:
         batch = self._batch
         assert batch is not None
         batch.attention_mask = F.pad(batch.attention_mask, (0, 1), value=1)
-        lengths = ([1] * len(batch.rows), batch.attention_mask.sum(dim=1).tolist())
+        # Each row's real keys (its prompt and every token sampled so far, the one fed now included),
+        # counted on the host: summing the mask would wait for the device before every step.
+        keys = [len(row.prompt_ids) + len(row.completion_ids) for row in batch.rows]
+        lengths = ([1] * len(batch.rows), keys)
         logits = self._forward(
             batch.version,
             batch.cache,
