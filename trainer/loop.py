@@ -29,7 +29,7 @@ from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
 from trainer.errors import TrainingError
 from trainer.fidelity import check_fidelity
-from trainer.learner.checkpoint import checkpoint_name, save_checkpoint
+from trainer.learner.checkpoint import CheckpointWriteError, checkpoint_name, save_checkpoint
 from trainer.ops.preemption import Preemption, RunPreempted
 from trainer.ops.stacks import stacks_on_demand
 from trainer.ops.watchdog import StallWatchdog
@@ -43,6 +43,7 @@ from trainer.run import (
     add_log_file,
     evaluate_run,
     finish,
+    logged_stop,
     open_run,
     serve_start_adapter,
     totals_of,
@@ -226,14 +227,18 @@ def _checkpoint_if_due(run: Run, step: int) -> None:
 
 def _save_checkpoint(run: Run) -> Path:
     """The run as it stands after ``run.state.step``, with the steps in flight and their adapters."""
-    path = save_checkpoint(
-        run.checkpoint_dir,
-        run.state,
-        run.learner,
-        keep=run.config.save_total_limit,
-        in_flight=run.pipeline.snapshot(),
-        pinned_adapters=adapter_dirs(run.run_dir, run.pipeline.pinned_versions()),
-    )
+    log.info("step %d: checkpoint started", run.state.step)
+    try:
+        path = save_checkpoint(
+            run.checkpoint_dir,
+            run.state,
+            run.learner,
+            keep=run.config.save_total_limit,
+            in_flight=run.pipeline.snapshot(),
+            pinned_adapters=adapter_dirs(run.run_dir, run.pipeline.pinned_versions()),
+        )
+    except CheckpointWriteError as error:
+        raise logged_stop(error) from error.__cause__
     log.info("step %d: checkpoint saved", run.state.step)
     return path
 

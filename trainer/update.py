@@ -41,6 +41,7 @@ def update_policy(run: Run, step: int, batch: StepBatch) -> StepUpdate:
     KL, importance ratios); the last pass's clip fraction shows how far the later passes went.
     """
     started = time.monotonic()
+    log.info("step %d: update started", step)
     metrics: dict[str, float] = {}
     applied = False
     sequences = run.learner.scorable(batch.sequences)
@@ -77,6 +78,7 @@ def publish(run: Run, step: int, updated: bool) -> float:
     started = time.monotonic()
     if updated:
         run.state.adapter_version += 1
+        log.info("step %d: publishing adapter v%d", step, run.state.adapter_version)
         directory = save_version(run.learner, run.run_dir, run.state.adapter_version, run.adapters_kept)
         version = run.state.adapter_version
         run.session.load_adapter(directory, version)

@@ -185,8 +185,8 @@ def test_sigkill_with_rollouts_in_flight_then_resume_matches_an_uninterrupted_ru
     assert [record["sampled_adapter_versions"] for record in history] == [[0], [0], [1]]
 
 
-def _stopped_by(signum: int, command: list[str], log: Path) -> tuple[int, str, float]:
-    """Run ``command``, send it ``signum`` once step 2's rollouts started; its exit code, its stderr,
+def _stopped_by(signum: int, command: list[str], log: Path, at: str = KILL_AT) -> tuple[int, str, float]:
+    """Run ``command``, send it ``signum`` once ``at`` is in its log; its exit code, its stderr,
     and the seconds from the signal to its exit. A process of its own: the grace's exit or a signal
     that lands after the run ended can never reach the test's process."""
     # SIGINT at its default, so that Python in the child turns it into KeyboardInterrupt even where
@@ -198,7 +198,7 @@ def _stopped_by(signum: int, command: list[str], log: Path) -> tuple[int, str, f
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        _wait_for_line(log, KILL_AT, process, timeout_s=900)
+        _wait_for_line(log, at, process, timeout_s=900)
         sent = time.monotonic()
         process.send_signal(signum)
         _, err = process.communicate(timeout=300)
@@ -233,6 +233,36 @@ def test_sigterm_mid_step_checkpoints_exits_0_and_resumes_exactly(
     argv = [str(runs.config_path), "--output-dir", str(run_dir), *flags]
     assert f"resume with `rft train {' '.join(argv)} --resume`" in err
     assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / checkpoint
+    _assert_resumed_exactly(runs, run_dir)
+
+
+@pytest.mark.parametrize(
+    "at",
+    ["step 2: update started", "step 2: publishing adapter v2", "step 2: checkpoint started"],
+    ids=["update", "publish", "checkpoint"],
+)
+def test_sigterm_after_sampling_finishes_the_step_checkpoints_exits_0_and_resumes_exactly(
+    runs: Runs, tmp_path: Path, at: str
+) -> None:
+    """SIGTERM once step 2's update, publish (the new adapter served) or checkpoint has started, with
+    the default ``abandon_step``: nothing already under way is abandoned; step 2 ends, its checkpoint
+    is the one the run stops with, and the resume is exact. The signal lands at the phase's start line
+    or after it (a phase of the tiny model may end before the signal arrives): the test holds for every
+    landing point from there to the end of the step, and the log shows where it landed."""
+    run_dir = tmp_path / "preempted"
+    code, err, stopped_s = _stopped_by(
+        signal.SIGTERM, _rft_train(runs.config_path, run_dir), run_dir / LOG_FILE, at
+    )
+    assert code == 0, err[-2000:]
+    assert stopped_s < FaultsConfig().sigterm_grace_s
+    checkpoint = run_dir / "checkpoints" / "step-000002"
+    assert f"rft train: stopped by SIGTERM (after step 2); checkpoint {checkpoint}; " in err
+    assert latest_checkpoint(run_dir / "checkpoints") == checkpoint
+    log_lines = (run_dir / LOG_FILE).read_text().splitlines()
+    signalled = next(i for i, line in enumerate(log_lines) if "SIGTERM: stopping the step in flight" in line)
+    assert next(i for i, line in enumerate(log_lines) if at in line) < signalled
+    # Step 2 was trained and recorded once, step 3 never started.
+    assert not any("step 3:" in line for line in log_lines)
     _assert_resumed_exactly(runs, run_dir)
 
 

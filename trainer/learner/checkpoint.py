@@ -7,6 +7,7 @@ moment leaves either the previous complete checkpoint or the new complete one, n
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from trainer.errors import TrainingError
 
 _PREFIX = "step-"
 _STATE_FILE = "state.json"
@@ -158,14 +161,70 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(checkpoint_dir)
-    except BaseException:
+    except BaseException as error:
+        no_space = _no_space(error, checkpoint_dir)
         shutil.rmtree(tmp, ignore_errors=True)
+        if no_space is not None:
+            raise CheckpointWriteError(_no_space_message(final, no_space)) from error
         raise
     for old in list_checkpoints(checkpoint_dir)[:-keep]:
         shutil.rmtree(old)
     for stale in checkpoint_dir.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+# A full filesystem, a spent quota, a file past the process's size limit (RLIMIT_FSIZE).
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# torch.save's zip writer reports a failed write as "unexpected pos" without the errno: a filesystem
+# with less than this left when a write failed is taken to be full.
+_ALMOST_FULL_BYTES = 2**20
+_NO_SPACE_REASONS = {
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "the disk quota is spent",
+    errno.EFBIG: "a file would pass this process's file size limit (ulimit -f)",
+}
+
+
+class CheckpointWriteError(TrainingError):
+    """A checkpoint could not be written for lack of space; the previous one is untouched."""
+
+
+def _no_space(error: BaseException, directory: Path) -> str | None:
+    """Why ``error`` (an OSError, safetensors' or torch's own) was a write that found no space, or None."""
+    if not isinstance(error, Exception):
+        return None
+    codes = [code for code in _NO_SPACE if isinstance(error, OSError) and error.errno == code]
+    # safetensors: "I/O error: No space left on device (os error 28)"
+    codes = codes or [code for code in _NO_SPACE if os.strerror(code) in str(error)]
+    if codes:
+        return _NO_SPACE_REASONS[codes[0]]
+    if shutil.disk_usage(directory).free < _ALMOST_FULL_BYTES:
+        return _NO_SPACE_REASONS[errno.ENOSPC]
+    return None
+
+
+def _megabytes(size: float) -> str:
+    return f"{size / 2**20:.1f} MB"
+
+
+def _no_space_message(final: Path, reason: str) -> str:
+    """What failed, where, the space there, and the way on (the previous checkpoint, whole)."""
+    directory = final.parent
+    usage = shutil.disk_usage(directory)
+    previous = latest_checkpoint(directory)
+    if previous is None:
+        way_on = "there is no previous checkpoint: a new run starts over"
+    else:
+        size = sum(path.stat().st_size for path in previous.rglob("*") if path.is_file())
+        way_on = (
+            f"the previous checkpoint {previous} is intact ({_megabytes(size)}; the new one needs as much "
+            "again beside it): free space there and --resume continues from it"
+        )
+    return (
+        f"checkpoint {final.name} could not be written in {directory}: {reason} "
+        f"({_megabytes(usage.free)} free of {_megabytes(usage.total)}); {way_on}"
+    )
 
 
 def load_checkpoint(path: Path, learner: CheckpointableLearner) -> LoadedCheckpoint:
