@@ -10,9 +10,17 @@ from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.http.images import ImageInput, ImageRef
 from policy_server.trace import CallRecord, clipped_for_record
 
-# Text that opens a tool call in the engines' formats (hermes, Mistral, Llama 3.x, gpt-oss): left in a
-# reply's content, the completion tried to call a tool and the parser did not make a call of it.
-TOOL_CALL_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|call|>")
+# Text that opens a tool call in the engines' formats (hermes, Mistral, Llama 3.x, gpt-oss, Gemma 4):
+# left in a reply's content, the completion tried to call a tool and the parser did not make a call of
+# it. gpt-oss's call end `<|call|>` is a stop token the content never holds; its recipient does.
+TOOL_CALL_MARKERS = (
+    "<tool_call>",
+    "[TOOL_CALLS]",
+    "<|python_tag|>",
+    "<|call|>",
+    "to=functions.",
+    "<|tool_call>",
+)
 
 
 def looks_like_unparsed_tool_call(result: GenerationResult) -> bool:
