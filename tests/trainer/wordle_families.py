@@ -11,7 +11,8 @@ from typing import Any
 
 from agents.maze.demo.plans import TINY_TARGET_MODULES
 from agents.wordle.dataset import TRAIN_FILE, VALIDATION_FILE, write_rows
-from agents.wordle.demo.demo import secret_split, train_config, warm_start
+from agents.wordle.demo.demo import train_config
+from agents.wordle.demo.model import secret_split, warm_start
 from agents.wordle.demo.plans import WordlePlan
 from agents.wordle.demo.solver import game_demonstration, solver_game
 from agents.wordle.main import SYSTEM_PROMPT
