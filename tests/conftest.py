@@ -17,8 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
 LONGEST_FIRST = (
     "trainer/test_demo_vision_ray.py",  # 1937 alone beside other work (load 7), most of it the warm start
-    "trainer/test_family_matrix.py",  # 264 alone at load 7.6: three families' warm starts and GRPO runs
     "trainer/test_demo_vision.py",  # 455 (with the quick plan before its GRPO steps got cheaper)
+    "trainer/test_family_matrix.py",  # 264-371 alone at load 7-8: three warm starts, three GRPO runs
     "trainer/test_demo.py",  # 211: the main job's quick plan, its lift measured
     "trainer/test_smollm2_training.py",  # 191
     "trainer/test_ray_demo.py",  # 142
