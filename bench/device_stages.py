@@ -281,7 +281,7 @@ def _random_loader(device: str, seed: int) -> Callable[..., Any]:
 def random_weights(device: str, seed: int) -> Iterator[None]:
     """The learner and the hf engine load random weights from a config.json alone (no download)."""
     import policy_server.engines.hf as hf_module
-    import trainer.learner.model as learner_module
+    import trainer.learner.base_load as learner_module
 
     saved = learner_module.load_model, hf_module.load_model
     learner_module.load_model = hf_module.load_model = _random_loader(device, seed)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from policy_server.image_store import ImageStore
 from trainer.config import ConfigError, TrainConfig, validate_config
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -78,6 +79,9 @@ def _on_cuda(values: list[float]) -> torch.Tensor:
 
 
 class _FakeLearner:
+    def __init__(self, images: ImageStore) -> None:
+        self.images = images
+
     def adapter_state(self) -> dict[str, torch.Tensor]:
         return {"a": _on_cuda([1.0, 2.0])}
 
@@ -99,12 +103,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def test_tensors_a_learner_worker_returns_are_on_the_cpu() -> None:
+def test_tensors_a_learner_worker_returns_are_on_the_cpu(tmp_path: Path) -> None:
+    from trainer.learner.batch_images import ShippedBatch
     from trainer.learner.distributed import LearnerWorker
 
     worker = LearnerWorker.__new__(LearnerWorker)  # its learner only: no model, no Ray
-    worker.learner = _FakeLearner()  # type: ignore[assignment]
-    returned = [worker.adapter_state(), worker.training_state(), worker.shard_old_logprobs([])]
+    worker.learner = _FakeLearner(ImageStore(tmp_path / "images"))  # type: ignore[assignment]
+    shipped = ShippedBatch(sequences=[], images=[])
+    returned = [worker.adapter_state(), worker.training_state(), worker.shard_old_logprobs(shipped)]
     tensors = [tensor for value in returned for tensor in _tensors(value)]
     assert len(tensors) == 4
     assert all(type(tensor) is torch.Tensor and tensor.device.type == "cpu" for tensor in tensors)

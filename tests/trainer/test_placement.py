@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from policy_server.engines.vllm import VLLMEngine
@@ -67,9 +70,7 @@ def test_cuda_visible_devices_maps_through_the_parents_own() -> None:
         cuda_visible_devices([2], inherited="4,5")
 
 
-def test_vllm_gets_its_gpus_and_first_class_settings(
-    tmp_path: object, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_vllm_gets_its_gpus_and_first_class_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = _config(
         engine="vllm",
@@ -82,7 +83,9 @@ def test_vllm_gets_its_gpus_and_first_class_settings(
             "enable_sleep_mode": True,
         },
     )
-    engine = build_engine(config, tmp_path, place(config, _node(4)))  # type: ignore[arg-type]
+    # A model directory as far as choosing vLLM's parsers reads one (its config.json's family).
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    engine = build_engine(config, tmp_path, place(config, _node(4)))
     assert isinstance(engine, VLLMEngine)
     command = engine.command(8000)
     for flag, value in [

@@ -55,9 +55,15 @@ def test_auto_dtype_is_float32_without_cuda(dtype: str, cuda: bool, passed: str)
     assert _config(vllm={"dtype": dtype}).vllm.dtype_for(cuda) == passed
 
 
+def _llama_dir(directory: Path) -> Path:
+    """A model directory as far as choosing vLLM's parsers reads one (its config.json's family)."""
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return directory
+
+
 def test_the_started_server_gets_the_resolved_rank_and_dtype(tmp_path: Path) -> None:
     config = _config(lora={"r": 16}, vllm={"python": sys.executable})
-    engine = local_engine(config, tmp_path, place(config, Node([], present=True)))
+    engine = local_engine(config, _llama_dir(tmp_path), place(config, Node([], present=True)))
     command = engine.command(8000)  # type: ignore[attr-defined]
     assert command[command.index("--max-lora-rank") + 1] == "16"
     assert command[command.index("--dtype") + 1] == "float32"
@@ -68,7 +74,7 @@ def test_the_started_server_gets_the_resolved_rank_and_dtype(tmp_path: Path) -> 
 def test_vllm_placed_on_gpus_is_the_gpu_build(tmp_path: Path) -> None:
     config = _config(vllm={"python": sys.executable})
     node = Node([Gpu(0, 80 * 10**9)], present=True)
-    engine = local_engine(config, tmp_path, place(config, node))
+    engine = local_engine(config, _llama_dir(tmp_path), place(config, node))
     command = engine.command(8000)  # type: ignore[attr-defined]
     assert command[command.index("--dtype") + 1] == "auto"
     assert "--no-enable-chunked-prefill" not in command
@@ -88,5 +94,5 @@ def test_vllm_keeps_onednns_own_kernels_unless_the_user_capped_them(
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv(PINNED_ENV, "ATEN_CPU_CAPABILITY,ONEDNN_MAX_CPU_ISA" if pinned_by_rftkit else "")
     config = _config(vllm={"python": sys.executable})
-    engine = local_engine(config, tmp_path, place(config, Node([], present=True)))
+    engine = local_engine(config, _llama_dir(tmp_path), place(config, Node([], present=True)))
     assert engine.spawn_env().get("ONEDNN_MAX_CPU_ISA") == served  # type: ignore[attr-defined]
