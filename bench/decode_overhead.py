@@ -12,7 +12,7 @@ holds the most calls. Median over steps; ``--repeats`` rounds alternate the two 
     .venv/bin/python bench/decode_overhead.py [--model DIR] [--max-tokens 32] [--repeats 3]
 
 Without ``--model`` it builds the tiny model in a temporary directory; ``--model "$(rft model smollm2
---cached)"`` measures SmolLM2. Results go to ``bench/results/decode_overhead[-NAME].json``.
+--cached)" --name smollm2`` measures SmolLM2. Results go to ``bench/results/decode_overhead[-NAME].json``.
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--name", help="the model's name in the results (default: its directory's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model or build_tiny_model(Path(scratch) / "tiny", seed=0)
         adapter = random_adapter(model_dir, Path(scratch) / "adapter")
         rows = asyncio.run(measure(model_dir, args.max_tokens, args.repeats, adapter))
-    name = "tiny" if args.model is None else args.model.name
+    name = args.name or ("tiny" if args.model is None else args.model.name)
     print(f"hf engine decode step against its own forward pass ({name}, median over steps)")
     print("| calls | served | batch rows | steps | forward ms | step / forward |")
     print("|---|---|---|---|---|---|")
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['forward_ms']} | {row['step_over_forward']} |"
         )
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("decode_overhead.json" if args.model is None else f"decode_overhead-{name}.json")
+    out = RESULTS / ("decode_overhead.json" if name == "tiny" else f"decode_overhead-{name}.json")
     report = {
         "command": "bench/decode_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": name,
