@@ -9,7 +9,7 @@ never branch on a family's name themselves.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +26,13 @@ class TinySizes:
     num_layers: int = 2
     intermediate_size: int = 256
     max_position_embeddings: int = 2048
+
+    def builder_kwargs(self, *, intermediate: bool = True) -> dict[str, int]:
+        """The sizes as the tiny builders' keyword arguments (a vision builder sizes its own MLPs)."""
+        kwargs = asdict(self)
+        if not intermediate:
+            del kwargs["intermediate_size"]
+        return kwargs
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,8 @@ class Llama(Family):
             out,
             seed=seed,
             corpus=list(corpus),
-            vocab_size=sizes.vocab_size,
-            hidden_size=sizes.hidden_size,
-            num_layers=sizes.num_layers,
             num_heads=max(1, sizes.hidden_size // HEAD_DIM),
-            intermediate_size=sizes.intermediate_size,
-            max_position_embeddings=sizes.max_position_embeddings,
+            **sizes.builder_kwargs(),
         )
 
 

@@ -99,11 +99,7 @@ class Qwen3(Family):
             out,
             seed=seed,
             corpus=list(corpus),
-            vocab_size=sizes.vocab_size,
-            hidden_size=sizes.hidden_size,
-            num_layers=sizes.num_layers,
-            intermediate_size=sizes.intermediate_size,
-            max_position_embeddings=sizes.max_position_embeddings,
+            **sizes.builder_kwargs(),
         )
 
 

@@ -32,10 +32,7 @@ class Qwen3VL(Family):
             out,
             seed=seed,
             corpus=list(corpus),
-            vocab_size=sizes.vocab_size,
-            hidden_size=sizes.hidden_size,
-            num_layers=sizes.num_layers,
-            max_position_embeddings=sizes.max_position_embeddings,
+            **sizes.builder_kwargs(intermediate=False),
         )
 
 
