@@ -51,3 +51,8 @@ def test_a_model_type_no_family_covers_has_no_family_and_is_served_as_hermes(tmp
 def test_a_directory_without_config_names_the_file_it_could_not_read(tmp_path: Path) -> None:
     with pytest.raises(UnknownFamilyError, match=r"cannot read the model's family from .*config.json"):
         family_of(tmp_path)
+
+
+def test_the_fallback_builds_no_tiny_model_and_says_which_do(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"name a registered family \(rft model tiny DIR --family NAME\)"):
+        HERMES.build_tiny(tmp_path / "model")

@@ -113,5 +113,10 @@ class Family:
     def build_tiny(
         self, out: Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
     ) -> Path:
-        """Write a tiny, randomly initialised model of this family to ``out`` (offline)."""
-        raise NotImplementedError(f"the {self.name} family has no tiny model")
+        """Write a tiny, randomly initialised model of this family to ``out`` (offline). Every registered
+        family builds one; only the fallback for models no family covers (``HERMES``) has no
+        architecture of its own to build."""
+        raise ValueError(
+            f"the {self.name} fallback has no architecture of its own to build a tiny model of: "
+            "name a registered family (rft model tiny DIR --family NAME)"
+        )
