@@ -210,8 +210,15 @@ def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
         for tools in ([WEATHER, ADD], None)
     ]
     answer = subprocess.run(
-        [vllm_python, str(HERE / "gemma4_vllm_parse.py")],
-        input=json.dumps({"model_dir": str(gemma4_dir), "cases": cases}),
+        [vllm_python, str(HERE / "vllm_family_parse.py")],
+        input=json.dumps(
+            {
+                "model_dir": str(gemma4_dir),
+                "tool_parser": "gemma4",
+                "reasoning_parser": "gemma4",
+                "cases": cases,
+            }
+        ),
         capture_output=True,
         text=True,
         check=True,

@@ -152,8 +152,13 @@ def test_the_parse_returns_what_vllms_qwen3_and_hermes_parsers_return(
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(qwen3_dir)
     cases = _cases(tokenizer)
-    job = {"model_dir": str(qwen3_dir), "cases": [{k: v for k, v in c.items() if k != "text"} for c in cases]}
-    script = Path(__file__).with_name("qwen3_vllm_parse.py")
+    job = {
+        "model_dir": str(qwen3_dir),
+        "tool_parser": "hermes",
+        "reasoning_parser": "qwen3",
+        "cases": [{k: v for k, v in c.items() if k != "text"} for c in cases],
+    }
+    script = Path(__file__).with_name("vllm_family_parse.py")
     done = subprocess.run(
         [vllm_python, str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300
     )

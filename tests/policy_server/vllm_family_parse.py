@@ -1,9 +1,10 @@
-"""Run with vLLM's python: parse completions with vLLM's own gemma4 tool-call and reasoning parsers.
+"""Run with vLLM's python: parse completions with vLLM's own tool-call and reasoning parsers of a family.
 
-Reads ``{"model_dir": ..., "cases": [{"ids": [...], "tools": [...] | null, "enable_thinking": bool}]}``
-on stdin and writes one ``{"reasoning", "content", "tool_calls": [[name, arguments]]}`` per case, as
-vLLM's chat-completions server builds them (no server: the same parser class, text decoded with the
-special tokens kept, as the parser's ``adjust_request`` asks).
+Reads ``{"model_dir": ..., "tool_parser": ..., "reasoning_parser": ..., "cases": [{"ids": [...],
+"tools": [...] | null, "enable_thinking": bool}]}`` on stdin and writes one ``{"reasoning", "content",
+"tool_calls": [[name, arguments]]}`` per case, as vLLM's chat-completions server builds them with
+``--reasoning-parser R --tool-call-parser T --enable-auto-tool-choice`` (no server: the same composed
+parser class, the text decoded with the special tokens kept, as the parsers' ``adjust_request`` asks).
 """
 
 import json
@@ -18,7 +19,10 @@ def main() -> None:
     job = json.load(sys.stdin)
     tokenizer = get_tokenizer(job["model_dir"])
     parser_cls = ParserManager.get_parser(
-        tool_parser_name="gemma4", reasoning_parser_name="gemma4", enable_auto_tools=True, tokenizer=tokenizer
+        tool_parser_name=job["tool_parser"],
+        reasoning_parser_name=job["reasoning_parser"],
+        enable_auto_tools=True,
+        tokenizer=tokenizer,
     )
     results = []
     for case in job["cases"]:
