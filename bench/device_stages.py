@@ -201,7 +201,7 @@ def _run_demo(args: argparse.Namespace, plan: Any, name: str, label: str) -> dic
 
     from agents.maze.dataset import write_dataset
     from agents.maze.demo.agent_process import serve_agent
-    from agents.maze.demo.demo import train_config
+    from agents.maze.demo.grpo_config import train_config
     from agents.maze.demo.model import build_demo_model, warm_start
     from trainer import train
     from trainer.ops.metrics import NO_MLFLOW

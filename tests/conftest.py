@@ -16,12 +16,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The longest files go first, so the last minutes are not one long file running beside an idle
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision_ray.py",  # 1937 alone beside other work (load 7), most of it the warm start
-    "trainer/test_demo_vision.py",  # 455 (with the quick plan before its GRPO steps got cheaper)
+    # 621 + 732 as two files that each trained the same warm start; now one run, and Ray reuses it.
+    "trainer/test_demo_vision.py",
     "trainer/test_family_matrix.py",  # 264-371 alone at load 7-8: three warm starts, three GRPO runs
-    "trainer/test_demo.py",  # 211: the main job's quick plan, its lift measured
+    "trainer/test_demo.py",  # 174 + 115 as two files; the Ray smoke run now reuses the quick warm start
     "trainer/test_smollm2_training.py",  # 191
-    "trainer/test_ray_demo.py",  # 142
     "policy_server/test_vllm_engine.py",  # 131
     "trainer/test_export_vllm.py",  # 110 alone (one vLLM start), not yet in a whole-suite run
     "policy_server/test_vllm_qwen3_vl.py",  # 191 alone at load 8-12, not yet in a whole-suite run

@@ -41,9 +41,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from agents.maze.demo.agent_process import serve_agent
+from agents.maze.demo.grpo_config import train_config, write_rerun_config
 from agents.maze.demo.model import banner, build_demo_model, warm_start
 from agents.maze.demo.plans import (
     FULL,
@@ -59,7 +58,7 @@ from agents.maze.demo.plans import (
     plan_name,
 )
 from agents.maze.demo.report import plot_progress, reachable_table, result_table
-from trainer.config import TrainConfig
+from agents.maze.demo.reuse import WarmStartMismatch, record_warm_start, reuse_warm_start
 from trainer.ops import pin_cpu_kernels
 
 if TYPE_CHECKING:
@@ -67,83 +66,7 @@ if TYPE_CHECKING:
     from trainer import RunSummary
     from trainer.sft import SftResult
 
-AGENT_PORT_FOR_RERUN = 8080
 GALLERY_MAZES = 4  # evaluation mazes whose first episode goes into the gallery, at each evaluation
-
-
-def train_config(
-    plan: DemoPlan,
-    *,
-    model_dir: Path,
-    init_adapter: Path,
-    data_dir: Path,
-    output_dir: Path,
-    agent_url: str,
-    engine: str,
-    target_modules: list[str],
-    seed: int,
-    chat_template: str | None = None,
-    ray: bool = False,
-) -> TrainConfig:
-    """The GRPO run of the demo, as a ``rft train`` config; ``ray``: on a local Ray cluster."""
-    from agents.maze.dataset import TRAIN_FILE, VALIDATION_FILE
-
-    return TrainConfig.model_validate(
-        {
-            "model": str(model_dir),
-            "chat_template": chat_template,
-            "engine": engine,
-            "init_adapter": str(init_adapter),
-            "lora": {
-                "r": plan.lora_r,
-                "lora_alpha": plan.lora_alpha,
-                "target_modules": target_modules,
-                "adapt_vision": plan.adapt_vision,
-            },
-            "train_file": str(data_dir / TRAIN_FILE),
-            "eval_file": str(data_dir / VALIDATION_FILE),
-            "max_eval_rows": plan.eval_rows,
-            "agents": [agent_url],
-            "num_generations": plan.num_generations,
-            "rows_per_step": plan.rows_per_step,
-            "max_steps": plan.grpo_steps,
-            "num_iterations": plan.num_iterations,
-            "learning_rate": plan.learning_rate,
-            "lr_scheduler_type": "constant_with_warmup",
-            "warmup_steps": plan.warmup_steps,
-            "loss_type": plan.loss_type,
-            "beta": plan.beta,
-            "temperature": 1.0,
-            "eval_temperature": 1.0,
-            "eval_generations": plan.eval_generations,
-            "eval_steps": None,
-            "success_threshold": 0.5,
-            "max_completion_length": 64,
-            "max_tokens_per_microbatch": plan.max_tokens_per_microbatch,
-            "max_calls_per_rollout": 32,
-            # Generous: on a machine shared with other work a rollout that times out is a failure, and
-            # the run would no longer give the same numbers as on an idle one.
-            "rollout_timeout_s": 900.0,
-            "save_steps": plan.grpo_steps,
-            "save_total_limit": 1,
-            "output_dir": str(output_dir),
-            "run_name": output_dir.parent.name,
-            "seed": seed,
-            "ray": RAY_SECTION if ray else None,
-        }
-    )
-
-
-def write_rerun_config(config: TrainConfig, path: Path) -> None:
-    """The GRPO config as YAML, pointed at an agent on the default port, for ``rft train``."""
-    data = config.model_dump(mode="json", exclude_none=True)
-    data["agents"] = [f"http://127.0.0.1:{AGENT_PORT_FOR_RERUN}"]
-    data["output_dir"] = str(Path(data["output_dir"]).with_name("rerun"))
-    header = (
-        "# The demo's GRPO run. To rerun it: start the agent (python -m agents.maze.main, port 8080),\n"
-        f"# then: rft train {path}\n"
-    )
-    path.write_text(header + yaml.safe_dump(data, sort_keys=False))
 
 
 def run_demo(
@@ -156,12 +79,14 @@ def run_demo(
     chat_template: str | None = None,
     plan: DemoPlan | None = None,
     ray: bool = False,
+    warm_start_from: Path | None = None,
 ) -> dict[str, Any]:
     """Run every stage into ``run_dir``; returns the results written to ``run_dir/results.json``.
 
     ``chat_template`` (see ``policy_server.models.chat_templates``) is used by the warm start and both
     engines; ``plan`` overrides the full or quick plan; ``ray`` serves the policy from two inference
-    replicas on a local Ray cluster.
+    replicas on a local Ray cluster; ``warm_start_from``: an earlier run's directory whose model and
+    warm start this run reuses (``agents/maze/demo/reuse.py``).
     """
     from agents.maze.dataset import write_dataset
 
@@ -172,15 +97,39 @@ def run_demo(
     banner(f"1/5 data and model ({plan_name(plan)} demo, run directory {run_dir})")
     data_dir = run_dir / "data"
     write_dataset(data_dir, plan.train_mazes, plan.observation)
+    if warm_start_from is not None:
+        banner(f"2/5 supervised warm start: the one of {warm_start_from}, reused")
+        model_dir, target_modules, sft = reuse_warm_start(
+            warm_start_from, run_dir, plan, seed=seed, model=model, chat_template=chat_template
+        )
+    else:
+        model_dir, target_modules, sft = _model_and_warm_start(run_dir, plan, model, seed, chat_template)
+    setup = _GrpoSetup(
+        plan, model_dir, target_modules, data_dir, run_dir, engine, seed, chat_template, ray, warm_start_from
+    )
+    summary, gallery = _grpo(setup, sft.adapter_dir)
+    return _results(setup, summary, gallery, sft, started)
+
+
+def _model_and_warm_start(
+    run_dir: Path, plan: DemoPlan, model: Path | None, seed: int, chat_template: str | None
+) -> tuple[Path, list[str], SftResult]:
+    """Stages 1 (the model) and 2 (the warm start), recorded for a later ``--warm-start``."""
     if model is None:
         model_dir, target_modules = build_demo_model(plan, run_dir / "model", seed)
     else:
         model_dir, target_modules = model, PRETRAINED_TARGET_MODULES
-
     sft = warm_start(plan, model_dir, target_modules, run_dir / "sft-adapter", seed, chat_template)
-    setup = _GrpoSetup(plan, model_dir, target_modules, data_dir, run_dir, engine, seed, chat_template, ray)
-    summary, gallery = _grpo(setup, sft.adapter_dir)
-    return _results(setup, summary, gallery, sft, started)
+    record_warm_start(
+        run_dir,
+        plan,
+        seed=seed,
+        model=model,
+        chat_template=chat_template,
+        target_modules=target_modules,
+        sft=sft,
+    )
+    return model_dir, target_modules, sft
 
 
 @dataclass(frozen=True)
@@ -196,6 +145,7 @@ class _GrpoSetup:
     seed: int
     chat_template: str | None
     ray: bool
+    warm_start_from: Path | None
 
 
 def _grpo(setup: _GrpoSetup, init_adapter: Path) -> tuple[RunSummary, EpisodeGallery]:
@@ -268,6 +218,7 @@ def _results(
         "engine": setup.engine,
         "seed": setup.seed,
         "ray": RAY_SECTION if ray else None,
+        "warm_start_from": str(setup.warm_start_from) if setup.warm_start_from else None,
         "gallery": [str(strip.relative_to(run_dir)) for strip in gallery.strips],
     }
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -308,6 +259,13 @@ def _parser() -> argparse.ArgumentParser:
         "--ray",
         action="store_true",
         help="serve the policy from two inference replicas on a local Ray cluster (needs rftkit[ray])",
+    )
+    parser.add_argument(
+        "--warm-start",
+        type=Path,
+        metavar="RUN",
+        help="reuse the model and warm-start adapter of an earlier demo run made with the same plan and "
+        "seed (its --out): only the GRPO stage runs, e.g. the same start with --ray",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of model, data order and sampling (default 0)"
@@ -362,14 +320,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is not None:
             parser.error("--vision builds its own tiny vision-language model; drop --model")
         plan = VISION_QUICK if args.quick else VISION
-    run_demo(
-        run_dir,
-        quick=args.quick,
-        engine=args.engine,
-        model=model,
-        seed=args.seed,
-        chat_template=chat_template,
-        plan=plan,
-        ray=args.ray,
-    )
+    if args.warm_start is not None and args.warm_start.resolve() == run_dir.resolve():
+        parser.error("--warm-start names the run directory itself; give the earlier run's directory")
+    try:
+        run_demo(
+            run_dir,
+            quick=args.quick,
+            engine=args.engine,
+            model=model,
+            seed=args.seed,
+            chat_template=chat_template,
+            plan=plan,
+            ray=args.ray,
+            warm_start_from=args.warm_start,
+        )
+    except WarmStartMismatch as exc:
+        print(f"rft demo: {exc}", file=sys.stderr)
+        return 2
     return 0
