@@ -158,6 +158,7 @@ class HFEngine(DecodeLoop):
         self._commands: list[tuple[Callable[[], bool], concurrent.futures.Future[None]]] = []
         self._batch: Batch | None = None
         self._closing = False
+        self._served: int | None = None
         self._thread: threading.Thread | None = None
 
     @property

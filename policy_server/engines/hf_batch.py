@@ -37,8 +37,9 @@ class Row:
 class GrowingLayer(DynamicLayer):
     """A KV layer that appends into spare capacity (doubling) instead of re-concatenating every step.
 
-    ``keys``/``values`` stay views of the buffers; when the engine replaces them (merging or dropping
-    rows) the next update copies them into fresh buffers.
+    ``keys``/``values`` stay views of the buffers. Rows that join (:meth:`stack`) or leave
+    (:meth:`keep`) are copied once into fresh buffers with room to grow; if anything else replaces
+    ``keys``/``values``, the next update copies them into fresh buffers.
     """
 
     keys: torch.Tensor  # set by DynamicLayer (annotations only: no class attribute is created)
@@ -56,17 +57,46 @@ class GrowingLayer(DynamicLayer):
         new = old + key_states.shape[-2]
         buffer = self._key_buffer
         if buffer is None or buffer.shape[-2] < new or self.keys is not self._keys_view:
-            shape = (*key_states.shape[:-2], max(2 * new, 64), key_states.shape[-1])
-            self._key_buffer, self._value_buffer = key_states.new_empty(shape), value_states.new_empty(shape)
+            keys, values = _room(key_states, key_states.shape[0], new)
             if old:
-                self._key_buffer[..., :old, :] = self.keys
-                self._value_buffer[..., :old, :] = self.values
+                keys[..., :old, :] = self.keys
+                values[..., :old, :] = self.values
+            self._adopt(keys, values, old)
         assert self._key_buffer is not None and self._value_buffer is not None
         self._key_buffer[..., old:new, :] = key_states
         self._value_buffer[..., old:new, :] = value_states
-        self.keys, self.values = self._key_buffer[..., :new, :], self._value_buffer[..., :new, :]
-        self._keys_view = self.keys
+        self._adopt(self._key_buffer, self._value_buffer, new)
         return self.keys, self.values
+
+    def keep(self, index: torch.Tensor, first: int) -> None:
+        """Keep the rows ``index``, from column ``first`` on."""
+        used = self.keys.shape[-2] - first
+        keys, values = _room(self.keys, len(index), used)
+        torch.index_select(self.keys[..., first:, :], 0, index, out=keys[..., :used, :])
+        torch.index_select(self.values[..., first:, :], 0, index, out=values[..., :used, :])
+        self._adopt(keys, values, used)
+
+    def stack(self, other: GrowingLayer, width: int) -> None:
+        """Append ``other``'s rows after these, both left-padded with zeros to ``width`` columns."""
+        rows, total = self.keys.shape[0], self.keys.shape[0] + other.keys.shape[0]
+        keys, values = _room(self.keys, total, width)
+        for buffer, parts in ((keys, (self.keys, other.keys)), (values, (self.values, other.values))):
+            for start, part in zip((0, rows), parts, strict=True):
+                stop, pad = start + part.shape[0], width - part.shape[-2]
+                buffer[start:stop, ..., :pad, :] = 0
+                buffer[start:stop, ..., pad:width, :] = part
+        self._adopt(keys, values, width)
+
+    def _adopt(self, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
+        self._key_buffer, self._value_buffer = keys, values
+        self.keys, self.values = keys[..., :used, :], values[..., :used, :]
+        self._keys_view = self.keys
+
+
+def _room(like: torch.Tensor, rows: int, used: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty key and value buffers of ``rows`` rows with room for ``used`` columns and as many more."""
+    shape = (rows, *like.shape[1:-2], max(2 * used, 64), like.shape[-1])
+    return like.new_empty(shape), like.new_empty(shape)
 
 
 @dataclass
@@ -108,6 +138,12 @@ def sample_tokens(
     return tokens, raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def _layers(cache: Cache) -> list[GrowingLayer]:
+    layers = [layer for layer in cache.layers if isinstance(layer, GrowingLayer)]
+    assert len(layers) == len(cache.layers), "the engine's caches hold GrowingLayer layers only"
+    return layers
+
+
 def merge(batch: Batch, new: Batch) -> Batch:
     """One batch holding both: the shorter cache is left-padded (masked) to the longer's length."""
     width = max(batch.attention_mask.shape[1], new.attention_mask.shape[1])
@@ -118,9 +154,8 @@ def merge(batch: Batch, new: Batch) -> Batch:
             return tensor
         return F.pad(tensor, (0, 0) * (dim_from_end - 1) + (missing, 0))
 
-    for layer, new_layer in zip(batch.cache.layers, new.cache.layers, strict=True):
-        layer.keys = torch.cat([left_pad(layer.keys, 2), left_pad(new_layer.keys, 2)])
-        layer.values = torch.cat([left_pad(layer.values, 2), left_pad(new_layer.values, 2)])
+    for layer, new_layer in zip(_layers(batch.cache), _layers(new.cache), strict=True):
+        layer.stack(new_layer, width)
     batch.attention_mask = torch.cat([left_pad(batch.attention_mask, 1), left_pad(new.attention_mask, 1)])
     batch.rows = batch.rows + new.rows
     batch.next_positions = torch.cat([batch.next_positions, new.next_positions])
@@ -133,9 +168,8 @@ def select(batch: Batch, keep: list[int]) -> None:
     index = torch.tensor(keep, device=batch.attention_mask.device)
     mask = batch.attention_mask[index]
     first = int(mask.any(dim=0).to(torch.int8).argmax())
-    for layer in batch.cache.layers:
-        layer.keys = layer.keys[index, :, first:]
-        layer.values = layer.values[index, :, first:]
+    for layer in _layers(batch.cache):
+        layer.keep(index, first)
     batch.attention_mask = mask[:, first:]
     batch.rows = [batch.rows[i] for i in keep]
     batch.next_positions = batch.next_positions[index]

@@ -12,7 +12,7 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -58,6 +58,7 @@ class DecodeLoop:
     _commands: list[tuple[Callable[[], bool], concurrent.futures.Future[None]]]
     _batch: Batch | None
     _closing: bool
+    _served: int | None  # the version the LoRA layers are set for; None: unknown
 
     def _work(self) -> None:
         with torch.inference_mode():
@@ -94,6 +95,8 @@ class DecodeLoop:
     def _run_commands(
         self, commands: list[tuple[Callable[[], bool], concurrent.futures.Future[None]]]
     ) -> None:
+        if commands:
+            self._served = None  # a command may add, remove or switch adapters
         for command, future in commands:
             try:
                 done = command()
@@ -127,26 +130,34 @@ class DecodeLoop:
         self._pending = waiting
         return admitted
 
-    @contextmanager
-    def _adapter(self, version: int) -> Iterator[None]:
-        if version == 0:
-            with self._model.disable_adapter() if isinstance(self._model, PeftModel) else nullcontext():
-                yield
-            return
-        if version not in self._adapters:
+    def _use_adapter(self, version: int) -> None:
+        """Set the model's LoRA layers for ``version`` (0: all disabled) if they are set otherwise.
+
+        peft's ``disable_adapter()`` and ``set_adapter`` each walk every module, so the layers are
+        switched only when the served version changes (a batch keeps one version for all its steps)
+        or after an adapter command changed the model (``_served`` is then unknown).
+        """
+        if version != 0 and version not in self._adapters:
             raise ValueError(f"adapter version {version} is not loaded")
-        name = f"v{version}"
-        # peft's set_adapter walks every module; a batch stays on one version for all its steps.
-        if self._model.active_adapter != name:
-            self._model.set_adapter(name)
-        yield
+        if version == self._served or not isinstance(self._model, PeftModel):
+            return
+        tuner = self._model.base_model
+        if version == 0:
+            tuner.disable_adapter_layers()
+        else:
+            if self._served in (0, None):
+                tuner.enable_adapter_layers()
+            if self._model.active_adapter != f"v{version}":
+                self._model.set_adapter(f"v{version}")
+        self._served = version
 
     def _forward(
         self, version: int, cache: Cache, lengths: tuple[list[int], list[int]], **inputs: torch.Tensor
     ) -> torch.Tensor:
         """Logits at each row's last position; ``lengths``: each row's real query and key counts."""
         inputs[self._cache_argument] = cache
-        with self._adapter(version), self._invariance(lengths):
+        self._use_adapter(version)
+        with self._invariance(lengths):
             logits = self._model(**inputs, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.stats.forward_passes += 1
         self.stats.peak_batch_rows = max(self.stats.peak_batch_rows, int(logits.shape[0]))
