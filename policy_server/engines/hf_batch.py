@@ -68,12 +68,20 @@ class GrowingLayer(DynamicLayer):
         self._adopt(self._key_buffer, self._value_buffer, new)
         return self.keys, self.values
 
-    def keep(self, index: torch.Tensor, first: int) -> None:
-        """Keep the rows ``index``, from column ``first`` on."""
+    def keep(self, runs: list[tuple[int, int]], first: int) -> None:
+        """Keep the rows of ``runs`` (``[start, stop)`` ranges, in order), from column ``first`` on.
+
+        One copy per run, straight into the new buffers (indexing with a tensor of rows would copy
+        into a temporary first, and copying into a strided buffer by ``index_select`` is slow).
+        """
         used = self.keys.shape[-2] - first
-        keys, values = _room(self.keys, len(index), used)
-        torch.index_select(self.keys[..., first:, :], 0, index, out=keys[..., :used, :])
-        torch.index_select(self.values[..., first:, :], 0, index, out=values[..., :used, :])
+        rows = sum(stop - start for start, stop in runs)
+        keys, values = _room(self.keys, rows, used)
+        row = 0
+        for start, stop in runs:
+            keys[row : row + stop - start, ..., :used, :] = self.keys[start:stop, ..., first:, :]
+            values[row : row + stop - start, ..., :used, :] = self.values[start:stop, ..., first:, :]
+            row += stop - start
         self._adopt(keys, values, used)
 
     def stack(self, other: GrowingLayer, width: int) -> None:
@@ -168,8 +176,14 @@ def select(batch: Batch, keep: list[int]) -> None:
     index = torch.tensor(keep, device=batch.attention_mask.device)
     mask = batch.attention_mask[index]
     first = int(mask.any(dim=0).to(torch.int8).argmax())
+    runs: list[tuple[int, int]] = []  # consecutive kept rows, copied together
+    for row in keep:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
     for layer in _layers(batch.cache):
-        layer.keep(index, first)
+        layer.keep(runs, first)
     batch.attention_mask = mask[:, first:]
     batch.rows = [batch.rows[i] for i in keep]
     batch.next_positions = batch.next_positions[index]
