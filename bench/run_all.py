@@ -18,6 +18,7 @@ BENCHMARKS = [
     "soak",
     "fanout_capacity",
     "adapter_transfer",
+    "ray_overhead",
 ]
 
 
