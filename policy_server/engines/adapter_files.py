@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 AdapterFiles = dict[str, bytes]  # relative path -> contents
+# ATen's grain size: an elementwise kernel over fewer elements runs on the calling thread alone.
+_SERIAL_ELEMENTS = 32768
 
 
 def read_adapter(directory: str | Path, dtype: str | None = None) -> AdapterFiles:
@@ -32,10 +38,25 @@ def _cast(data: bytes, dtype: str) -> bytes:
 
     target = getattr(torch, dtype)
     tensors = {
-        name: tensor.to(target) if tensor.is_floating_point() else tensor
+        name: _converted(tensor, target) if tensor.is_floating_point() else tensor
         for name, tensor in load(data).items()
     }
     return save(tensors, metadata={"format": "pt"})
+
+
+def _converted(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``, converted on this thread a slice of ATen's grain size at a time.
+
+    A conversion above the grain size opens an OpenMP parallel region, which waits for every thread of
+    the pool: on cores busy with other work each region can wait a scheduler's time slice, and an
+    adapter has hundreds of tensors. The conversion is bound by memory, so one thread loses little."""
+    import torch
+
+    converted = torch.empty(tensor.shape, dtype=dtype)
+    source, target = tensor.reshape(-1), converted.view(-1)
+    for start in range(0, source.numel(), _SERIAL_ELEMENTS):
+        target[start : start + _SERIAL_ELEMENTS].copy_(source[start : start + _SERIAL_ELEMENTS])
+    return converted
 
 
 def write_adapter(files: AdapterFiles, directory: str | Path) -> Path:

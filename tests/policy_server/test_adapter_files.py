@@ -17,6 +17,8 @@ def _adapter(directory: Path) -> dict[str, torch.Tensor]:
     (directory / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA"}))
     tensors = {
         "lora_A.weight": torch.randn(4, 64, generator=torch.Generator().manual_seed(0)),
+        # Over ATen's grain size, not a multiple of it: cast in slices, the last one short.
+        "lora_B.weight": torch.randn(5000, 8, generator=torch.Generator().manual_seed(1)),
         "steps": torch.tensor([3, 7]),  # not floating point: left alone
     }
     save_file(tensors, str(directory / "adapter_model.safetensors"))
@@ -37,8 +39,9 @@ def test_a_serving_dtype_casts_the_weights_and_halves_them(tmp_path: Path) -> No
     cast = read_adapter(tmp_path / "adapter", "bfloat16")
     assert cast["adapter_config.json"] == written["adapter_config.json"]
     loaded = load(cast["adapter_model.safetensors"])
-    assert loaded["lora_A.weight"].dtype == torch.bfloat16
-    assert torch.equal(loaded["lora_A.weight"], tensors["lora_A.weight"].to(torch.bfloat16))
+    for name in ("lora_A.weight", "lora_B.weight"):
+        assert loaded[name].dtype == torch.bfloat16
+        assert torch.equal(loaded[name], tensors[name].to(torch.bfloat16))
     assert torch.equal(loaded["steps"], tensors["steps"])
     assert len(cast["adapter_model.safetensors"]) < 0.6 * len(written["adapter_model.safetensors"])
 
