@@ -120,14 +120,16 @@ async def one_round(
     return largest, [step / forward for step, forward in full], [forward for _, forward in full]
 
 
-async def measure(model_dir: Path, max_tokens: int, repeats: int, adapter: Path) -> list[dict[str, Any]]:
+async def measure(
+    model_dir: Path, max_tokens: int, repeats: int, adapter: Path, levels: list[int]
+) -> list[dict[str, Any]]:
     engine = HFEngine(model_dir, max_batch_size=max(LEVELS))
     await engine.start()
     await engine.load_adapter(1, str(adapter))
     rows = []
     try:
         await one_round(engine, 2, 1, max_tokens)  # warm-up
-        for level in LEVELS:
+        for level in levels:
             largest: dict[int, int] = {0: 0, 1: 0}
             ratios: dict[int, list[float]] = {0: [], 1: []}
             forwards: dict[int, list[float]] = {0: [], 1: []}
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="concurrent calls")
     parser.add_argument("--name", help="the model's name in the results (default: its directory's)")
     parser.add_argument(
         "--out", type=Path, help="the results file (default: bench/results/decode_overhead[-NAME].json)"
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = args.model or build_tiny_model(Path(scratch) / "tiny", seed=0)
         adapter = random_adapter(model_dir, Path(scratch) / "adapter")
-        rows = asyncio.run(measure(model_dir, args.max_tokens, args.repeats, adapter))
+        rows = asyncio.run(measure(model_dir, args.max_tokens, args.repeats, adapter, args.levels))
     name = args.name or ("tiny" if args.model is None else args.model.name)
     print(f"hf engine decode step against its own forward pass ({name}, median over steps)")
     print("| calls | served | batch rows | steps | forward ms | step / forward |")
