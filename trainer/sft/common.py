@@ -75,6 +75,10 @@ def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> Encod
 
     An assistant turn spans from the end of the generation prompt that precedes it to its end-of-turn
     token; the newline the template puts after that token is part of the next prompt, not sampled.
+    Each turn follows the generation prompt the engine sends: where that prompt holds text the
+    rendered history does not (Gemma 4's empty thought channel after ``<|turn>model``), the text is
+    put in before the turn, so the model learns its turn after what it is prompted with (a later
+    turn of the same demonstration keeps it in its context, where the engine's history has none).
     """
     from policy_server.http import normalize_messages
 
@@ -85,25 +89,57 @@ def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> Encod
     tools = demonstration.get("tools")
     text = _render(tokenizer, messages, tools, False)
     spans: list[tuple[int, int]] = []
+    pieces: list[str] = []
+    cursor = added = 0
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        start = len(_render(tokenizer, messages[:index], tools, True))
         turn = _render(tokenizer, messages[: index + 1], tools, False)
         if not text.startswith(turn):
             raise DemonstrationError(
                 "the chat template does not render this conversation prefix-preservingly, so the "
                 "assistant's tokens cannot be located; use a template whose turns only append"
             )
-        spans.append((start, len(turn.rstrip("\n"))))
+        prompt = _render(tokenizer, messages[:index], tools, True)
+        history = _render(tokenizer, messages[:index], tools, False)
+        start, extra = _turn_start(tokenizer, text, prompt, history)
+        pieces.append(text[cursor:start] + extra)
+        cursor, added = start, added + len(extra)
+        spans.append((start + added, len(turn.rstrip("\n")) + added))
     if not spans:
         raise DemonstrationError("a demonstration needs at least one assistant message to learn from")
+    text = "".join(pieces) + text[cursor:]
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = [
         any(begin <= token_start and token_end <= end for begin, end in spans)
         for token_start, token_end in encoding["offset_mapping"]
     ]
     return EncodedDemonstration(list(encoding["input_ids"]), mask)
+
+
+def _turn_start(tokenizer: Any, text: str, prompt: str, history: str) -> tuple[int, str]:
+    """Where in ``text`` the turn after ``prompt`` starts, and the text the generation prompt adds
+    there that the rendered history does not hold ("" where ``prompt`` is a prefix of ``text``).
+
+    The generation prompt's opening (``prompt`` past ``history``) and the rendered turn share their
+    first tokens (the turn's header); the opening's tokens past those are the added text. Compared
+    token by token, since a special token's text can share characters with another's."""
+    if text.startswith(prompt):
+        return len(prompt), ""
+    if not (prompt.startswith(history) and text.startswith(history)):
+        raise DemonstrationError(
+            "the chat template's generation prompt does not extend the rendered history, so the "
+            "assistant's tokens cannot be located; use a template whose turns only append"
+        )
+    opening = tokenizer(prompt[len(history) :], add_special_tokens=False, return_offsets_mapping=True)
+    turn_ids = tokenizer(text[len(history) :], add_special_tokens=False)["input_ids"]
+    shared = 0
+    while shared < min(len(turn_ids), len(opening["input_ids"])) and (
+        opening["input_ids"][shared] == turn_ids[shared]
+    ):
+        shared += 1
+    header = opening["offset_mapping"][shared - 1][1] if shared else 0
+    return len(history) + header, prompt[len(history) + header :]
 
 
 def load_demonstrations(path: str | Path) -> list[dict[str, Any]]:
