@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from agents.maze.demo.agent_process import serve_agent
+from agents.maze.demo.grpo_config import grpo_fields, write_rerun_config
 from agents.maze.demo.model import banner
 from agents.maze.demo.plans import PRETRAINED_TARGET_MODULES, SMOLLM2_CHAT_TEMPLATE, TINY_TARGET_MODULES
 from agents.wordle.demo.model import build_model, secret_split, sft_games, warm_start
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from trainer.sft import SftResult
 
 AGENT_MODULE = "agents.wordle.main"
-AGENT_PORT_FOR_RERUN = 8080
 # Wins score above 1.05, losses at most -0.25 (agents/wordle/reward.py): success is a win.
 WIN_THRESHOLD = 1.0
 
@@ -64,59 +62,30 @@ def train_config(
     from agents.wordle.dataset import TRAIN_FILE, VALIDATION_FILE
     from agents.wordle.game import MAX_TOOL_CALLS
 
-    return TrainConfig.model_validate(
-        {
-            "model": str(model_dir),
-            "chat_template": chat_template,
-            "engine": engine,
-            "init_adapter": str(init_adapter),
-            "lora": {"r": plan.lora_r, "lora_alpha": plan.lora_alpha, "target_modules": target_modules},
-            "train_file": str(data_dir / TRAIN_FILE),
-            "eval_file": str(data_dir / VALIDATION_FILE),
-            "max_eval_rows": plan.eval_rows,
-            "agents": [agent_url],
-            "num_generations": plan.num_generations,
-            "rows_per_step": plan.rows_per_step,
-            "max_steps": plan.grpo_steps,
-            "num_iterations": plan.num_iterations,
-            "learning_rate": plan.learning_rate,
-            "lr_scheduler_type": "constant_with_warmup",
-            "warmup_steps": plan.warmup_steps,
-            "loss_type": plan.loss_type,
-            "beta": plan.beta,
-            # The service evaluates at the effort used in training: sampled as GRPO samples.
-            "temperature": plan.temperature,
-            "eval_temperature": plan.temperature,
-            "eval_generations": plan.eval_generations,
-            "eval_steps": None,
-            "success_threshold": WIN_THRESHOLD,
-            "max_completion_length": 48,
-            # The game ends itself at MAX_TOOL_CALLS calls; one more is the agent's last word.
-            "max_calls_per_rollout": MAX_TOOL_CALLS + 1,
-            "max_tokens_per_microbatch": plan.max_tokens_per_microbatch,
-            # Generous: on a shared machine a rollout that times out is a failure, and the numbers
-            # would no longer be an idle machine's.
-            "rollout_timeout_s": 900.0,
-            "save_steps": plan.grpo_steps,
-            "save_total_limit": 1,
-            "output_dir": str(output_dir),
-            "run_name": output_dir.parent.name,
-            "seed": seed,
-            "prices": prices.model_dump(),
-        }
+    fields = grpo_fields(
+        plan,
+        model_dir=model_dir,
+        init_adapter=init_adapter,
+        train_file=data_dir / TRAIN_FILE,
+        eval_file=data_dir / VALIDATION_FILE,
+        output_dir=output_dir,
+        agent_url=agent_url,
+        engine=engine,
+        target_modules=target_modules,
+        seed=seed,
+        chat_template=chat_template,
     )
-
-
-def write_rerun_config(config: TrainConfig, path: Path) -> None:
-    """The GRPO config as YAML, pointed at the Wordle agent on the default port, for ``rft train``."""
-    data = config.model_dump(mode="json", exclude_none=True)
-    data["agents"] = [f"http://127.0.0.1:{AGENT_PORT_FOR_RERUN}"]
-    data["output_dir"] = str(Path(data["output_dir"]).with_name("rerun"))
-    header = (
-        "# The Wordle demo's GRPO run. To rerun it: start the agent (python -m agents.wordle.main, port "
-        f"8080),\n# then: rft train {path}\n"
+    fields.update(
+        # The service evaluates at the effort used in training: sampled as GRPO samples.
+        temperature=plan.temperature,
+        eval_temperature=plan.temperature,
+        success_threshold=WIN_THRESHOLD,
+        max_completion_length=48,
+        # The game ends itself at MAX_TOOL_CALLS calls; one more is the agent's last word.
+        max_calls_per_rollout=MAX_TOOL_CALLS + 1,
+        prices=prices.model_dump(),
     )
-    path.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    return TrainConfig.model_validate(fields)
 
 
 def run_wordle_demo(
@@ -169,7 +138,7 @@ def run_wordle_demo(
             chat_template=chat_template,
             prices=prices or TokenPrices(),
         )
-        write_rerun_config(config, run_dir / "train.yaml")
+        write_rerun_config(config, run_dir / "train.yaml", demo="Wordle demo", agent_module=AGENT_MODULE)
         print(
             f"evaluate on {plan.eval_rows} held-out secrets, GRPO for {plan.grpo_steps} steps "
             f"({plan.rows_per_step} secrets x {plan.num_generations} games), evaluate again",
