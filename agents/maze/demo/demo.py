@@ -25,6 +25,7 @@
     rft demo --model smollm2 --engine vllm              # SmolLM2-135M-Instruct learns it through vLLM
     rft demo --engine vllm --model /models/Qwen3-0.6B   # on a GPU machine
     rft demo --ray --quick    # the same on a local Ray cluster: two inference replicas behind the gateway
+    rft demo --ray --quick --warm-start RUN  # GRPO only, from the warm start of an earlier run (its --out)
     rft demo --task wordle    # the SageMaker service's own task (agents/wordle/demo/demo.py)
 """
 
