@@ -306,11 +306,12 @@ def test_the_parse_reads_the_templates_calls_and_the_models_own_form_as_vllm_doe
 
     texts = [rendered, *COMPLETIONS]
     job = {
+        "harmony": True,
         "tool_parser": GPT_OSS.vllm_tool_call_parser,
         "reasoning_parser": GPT_OSS.vllm_reasoning_parser,
-        "texts": texts,
+        "cases": [{"text": text} for text in texts],
     }
-    script = Path(__file__).with_name("gpt_oss_vllm_parse.py")
+    script = Path(__file__).with_name("vllm_family_parse.py")
     done = subprocess.run(
         [vllm_python, str(script)],
         input=json.dumps(job),

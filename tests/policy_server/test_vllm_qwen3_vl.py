@@ -129,10 +129,9 @@ def test_vllms_hermes_parser_reads_calls_the_template_rendered_back(
         "model_dir": str(qwen3_vl_dir),
         "tool_parser": QWEN3_VL.vllm_tool_call_parser,
         "reasoning_parser": QWEN3_VL.vllm_reasoning_parser,
-        "tools": [move],
-        "texts": texts,
+        "cases": [{"text": text, "tools": [move]} for text in texts],
     }
-    script = Path(__file__).with_name("vllm_tool_parse.py")
+    script = Path(__file__).with_name("vllm_family_parse.py")
     done = subprocess.run(
         [vllm_python, str(script)],
         input=json.dumps(job),

@@ -1,51 +1,80 @@
 """Run with vLLM's python: parse completions with vLLM's own tool-call and reasoning parsers of a family.
 
-Reads ``{"model_dir": ..., "tool_parser": ..., "reasoning_parser": ..., "cases": [{"ids": [...],
-"tools": [...] | null, "enable_thinking": bool}]}`` on stdin and writes one ``{"reasoning", "content",
-"tool_calls": [[name, arguments]]}`` per case, as vLLM's chat-completions server builds them with
-``--reasoning-parser R --tool-call-parser T --enable-auto-tool-choice`` (no server: the same composed
-parser class, the text decoded with the special tokens kept, as the parsers' ``adjust_request`` asks).
+Reads ``{"model_dir": ..., "tool_parser": ..., "reasoning_parser": ..., "harmony": bool (optional),
+"cases": [{"ids": [...] or "text": "...", "tools": [...] | null (optional), "enable_thinking": bool
+(optional)}]}`` on stdin and writes one ``{"reasoning", "content", "tool_calls": [[name, arguments]]}``
+per case, as vLLM's chat-completions server builds them with ``--reasoning-parser R --tool-call-parser
+T --enable-auto-tool-choice`` (no server: the same composed parser class). A case's ``ids`` are
+decoded with the special tokens kept, as the parsers' ``adjust_request`` asks; a ``text`` is encoded
+with the model's tokenizer. ``harmony``: gpt-oss, which vLLM reads as o200k ids, so each text is
+encoded with openai-harmony's encoding (TIKTOKEN_ENCODINGS_BASE names the vocabulary's folder) and no
+``model_dir`` is needed.
 """
 
 import json
 import sys
+from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser.parser_manager import ParserManager
-from vllm.tokenizers import get_tokenizer
+
+
+class HarmonyTokenizer:
+    """What vLLM's harmony parser decodes a broken message's raw tokens with: openai-harmony's o200k."""
+
+    def __init__(self) -> None:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        self.encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all")
+
+    def decode(self, ids: list[int], **kwargs: object) -> str:
+        return self.encoding.decode(ids)
+
+
+def _parse(job: dict[str, Any], tokenizer: Any, parser_cls: Any, case: dict[str, Any]) -> dict[str, Any]:
+    ids = case["ids"] if "ids" in case else tokenizer.encode(case["text"], add_special_tokens=False)
+    text = case["text"] if "text" in case else tokenizer.decode(ids, skip_special_tokens=False)
+    if job.get("harmony"):
+        request, parser = None, parser_cls(tokenizer)
+    else:
+        kwargs = {"enable_thinking": case.get("enable_thinking", False)}
+        request = ChatCompletionRequest(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=case.get("tools"),
+            chat_template_kwargs=kwargs,
+        )
+        parser = parser_cls(tokenizer, request.tools, chat_template_kwargs=kwargs)
+    reasoning, content, calls = parser.parse(
+        text, request, enable_auto_tools=True, model_output_token_ids=ids
+    )
+    return {
+        "reasoning": reasoning,
+        "content": content,
+        "tool_calls": [[call.name, call.arguments] for call in calls or []],
+    }
 
 
 def main() -> None:
     job = json.load(sys.stdin)
-    tokenizer = get_tokenizer(job["model_dir"])
+    if job.get("harmony"):
+        tokenizer: Any = HarmonyTokenizer()
+        extra: dict[str, Any] = {"is_harmony": True}
+    else:
+        from vllm.tokenizers import get_tokenizer
+
+        tokenizer = get_tokenizer(job["model_dir"])
+        extra = {"tokenizer": tokenizer}
     parser_cls = ParserManager.get_parser(
         tool_parser_name=job["tool_parser"],
         reasoning_parser_name=job["reasoning_parser"],
         enable_auto_tools=True,
-        tokenizer=tokenizer,
+        **extra,
     )
-    results = []
-    for case in job["cases"]:
-        kwargs = {"enable_thinking": case["enable_thinking"]}
-        request = ChatCompletionRequest(
-            model="tiny",
-            messages=[{"role": "user", "content": "hi"}],
-            tools=case["tools"],
-            chat_template_kwargs=kwargs,
-        )
-        parser = parser_cls(tokenizer, request.tools, chat_template_kwargs=kwargs)
-        text = tokenizer.decode(case["ids"], skip_special_tokens=False)
-        reasoning, content, calls = parser.parse(
-            text, request, enable_auto_tools=True, model_output_token_ids=case["ids"]
-        )
-        results.append(
-            {
-                "reasoning": reasoning,
-                "content": content,
-                "tool_calls": [[call.name, call.arguments] for call in calls or []],
-            }
-        )
-    json.dump(results, sys.stdout)
+    json.dump([_parse(job, tokenizer, parser_cls, case) for case in job["cases"]], sys.stdout)
 
 
 if __name__ == "__main__":
