@@ -16,23 +16,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The longest files go first, so the last minutes are not one long file running beside an idle
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
 LONGEST_FIRST = (
-    # 621 + 732 as two files that each trained the same warm start; now one run, and Ray reuses it.
-    "trainer/test_demo_vision.py",
-    "trainer/test_family_matrix.py",  # 264-371 alone at load 7-8: three warm starts, three GRPO runs
-    "trainer/test_demo.py",  # 174 + 115 as two files; the Ray smoke run now reuses the quick warm start
-    "trainer/test_smollm2_training.py",  # 191
-    "policy_server/test_vllm_engine.py",  # 131
-    "trainer/test_export_vllm.py",  # 110 alone (one vLLM start), not yet in a whole-suite run
-    "policy_server/test_vllm_qwen3_vl.py",  # 191 alone at load 8-12, not yet in a whole-suite run
-    "policy_server/test_vllm_attach.py",  # 92
-    "bench/test_device_check.py",  # 88
-    "policy_server/test_smollm2.py",  # 78
-    "trainer/test_ray_replicas.py",  # 77
-    "policy_server/test_vllm_vision.py",  # 75
-    "policy_server/test_engines_tool_calls.py",  # 68
-    "trainer/test_ray_learner.py",  # 64
-    "trainer/test_train_vllm.py",  # 55
-    "policy_server/test_vllm_reasoning.py",  # 35
+    "trainer/test_demo_vision.py",  # 527: the visual quick run 330, then Ray from its warm start 197
+    "trainer/test_family_matrix.py",  # 161 alone: four warm starts, four hf and two vLLM GRPO runs
+    "trainer/test_demo.py",  # 150
+    "trainer/test_smollm2_training.py",  # 110
+    "policy_server/test_vllm_engine.py",  # 74 alone (one vLLM start)
+    "policy_server/test_vllm_qwen3_vl.py",  # 68
+    "trainer/test_ray_learner.py",  # 60
+    "policy_server/test_vllm_vision.py",  # 60
+    "trainer/test_export_vllm.py",  # 59
+    "policy_server/test_smollm2.py",  # 59
+    "bench/test_device_check.py",  # 55
+    "policy_server/test_vllm_attach.py",  # 46
+    "policy_server/test_engines_tool_calls.py",  # 40
+    "trainer/test_ray_replicas.py",  # 36
+    "policy_server/test_vllm_reasoning.py",  # 31
 )
 
 
@@ -42,6 +40,31 @@ def pytest_configure(config: pytest.Config) -> None:
     from trainer.ops.cpu_kernels import pin_cpu_kernels
 
     pin_cpu_kernels()
+    _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Give each pytest-xdist worker its own share of the cores, for its threads and its children's.
+
+    Two workers whose torch each spread over every core oversubscribe them: OpenMP's threads then
+    wait on each other at every barrier, and a step of the visual warm start took 2.5 times as long
+    as on one thread a worker (docs/development.md). So torch computes on as many threads as the
+    worker's share holds, the processes a test starts (agents, Ray's workers) inherit that through
+    ``OMP_NUM_THREADS``, and a vLLM server binds to the share's cores instead of every server taking
+    core 0. It changes no result: with it the suite passed unchanged, the visual quick run's
+    figures equal to the bit (docs/development.md).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[int(worker.removeprefix("gw")) % max(1, len(cores)) :: workers] or cores
+    torch.set_num_threads(len(share))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(len(share))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, share)))
 
 
 def _no_cuda_reason() -> str | None:
