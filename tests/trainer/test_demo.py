@@ -1,15 +1,13 @@
 """``rft demo --quick``: every stage runs over loopback HTTP and the policy gets better at mazes.
 
-Then ``rft demo --ray`` at smoke size from the same warm start (``--warm-start``): the maze demo served
-by two inference replicas and trained by two learner workers on a local Ray cluster, every stage. The
-learning of ``rft demo --ray --quick`` is measured in the README (15.6% -> 35.9%); here the quick plan
-runs two GRPO steps and evaluates on 8 mazes, so the suite pays for Ray's actors, not for 16 steps.
+``rft demo --ray`` runs end to end in ``test_demo_vision.py`` (the visual quick plan on two inference
+replicas and two learner workers, from that module's warm start): the text and the picture maze take
+the same path through Ray, so the suite runs it once, where it also asks the lift.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 from pathlib import Path
@@ -17,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from agents.maze.demo.agent_process import serve_agent
-from agents.maze.demo.demo import main, run_demo
-from agents.maze.demo.plans import QUICK, RAY_SECTION
+from agents.maze.demo.demo import main
 from trainer.evaluate.cli import main as eval_main
 
 # The quick demo: 16 GRPO steps of 4 mazes x 8 rollouts, then 32 mazes x 2 rollouts sampled at
@@ -26,9 +23,6 @@ from trainer.evaluate.cli import main as eval_main
 # batch-invariant, so a run repeats exactly (tests/trainer/test_determinism.py): the lift is a
 # number, and the issue asks for a real one.
 QUICK_MIN_IMPROVEMENT_POINTS = 10.0
-# The quick plan's warm start, so both steps have groups with reward variance and the workers train
-# (after 80 warm-start steps instead of 150, neither step had one).
-RAY_SMOKE = dataclasses.replace(QUICK, grpo_steps=2, warmup_steps=0, eval_rows=8, eval_generations=1)
 
 
 @pytest.fixture(scope="module")
@@ -76,29 +70,3 @@ def test_quick_demo_learns(
     (adapter,) = json.loads((evaluated / "eval.json").read_text())["policies"]
     same = ("success_rate", "mean_reward", "scored", "failed", "agent_metrics")
     assert {key: adapter[key] for key in same} == {key: after[key] for key in same}
-
-
-@pytest.mark.slow
-def test_demo_on_ray_runs_every_stage_with_both_replicas_serving(
-    quick_run: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    run_dir = tmp_path / "demo"
-    results = run_demo(run_dir, plan=RAY_SMOKE, ray=True, warm_start_from=quick_run[0])
-    out = capsys.readouterr().out
-    assert "=== 5/5 results ===" in out and "success rate" in out and "stopped early" in out
-    assert (
-        results["ray"] == RAY_SECTION == {"address": "local", "inference_replicas": 2, "learner_workers": 2}
-    )
-    assert results["before"]["scored"] == results["after"]["scored"] == RAY_SMOKE.eval_rows
-    # The warm start was the quick run's, copied in: the run directory holds all a rerun needs.
-    assert (run_dir / "sft-adapter" / "adapter_config.json").is_file() and (run_dir / "model").is_dir()
-    records = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in records] == list(range(1, RAY_SMOKE.grpo_steps + 1))
-    assert all(record["rollouts"]["failed"] == 0 for record in records)
-    assert results["after"]["adapter_version"] > results["before"]["adapter_version"]
-    # Both replicas served calls (new rollouts go to the one with fewer calls out), none died.
-    replicas = records[-1]["replicas"]
-    assert replicas["live"] == [0, 1] and min(replicas["calls"]) > 0 and replicas["deaths"] == 0
-    assert "inference replicas on Ray: calls per replica" in out
-    log = (run_dir / "grpo" / "train.log").read_text()
-    assert "2 learner workers joined" in log

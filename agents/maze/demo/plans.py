@@ -169,7 +169,6 @@ VISION_TOWER_MODULES = ["qkv", "attn.proj", "fc1", "fc2", "mlp.0", "mlp.2"]
 PRETRAINED_TARGET_MODULES = list(PROJECTION_MODULES)
 
 
-# The warm start's stopping check walks these many mazes, from a seed no training maze reaches.
 def plan_name(plan: DemoPlan) -> str:
     """How the banner names a plan."""
     named = (
