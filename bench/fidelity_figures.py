@@ -1,8 +1,8 @@
 """Per-step fidelity figures (docs/fidelity.md) of the letters agent's 3-step run on the tiny model.
 
-The run of ``tests/trainer/test_train_integration.py`` (hf engine) or, with ``--engine vllm``, of
-``tests/trainer/test_train_vllm.py`` (vLLM fp32 with two gateway workers; ``RFTKIT_VLLM_PYTHON`` names
-the interpreter that has vLLM). Prints each step's ``fidelity`` section and writes them to
+The run of ``tests/trainer/test_train_integration.py`` (hf engine) or, with ``--engine vllm``, the same
+run sampled by vLLM fp32 with two gateway workers (``RFTKIT_VLLM_PYTHON`` names the interpreter that has
+vLLM). Prints each step's ``fidelity`` section and writes them to
 ``--json``.
 
     PYTHONPATH=. .venv/bin/python bench/fidelity_figures.py OUT_DIR [--engine vllm] [--json FILE]
