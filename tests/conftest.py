@@ -19,6 +19,7 @@ LONGEST_FIRST = (
     "trainer/test_demo_vision.py",  # 527: the visual quick run 330, then Ray from its warm start 197
     "trainer/test_family_matrix.py",  # 161 alone: four warm starts, four hf and two vLLM GRPO runs
     "trainer/test_demo.py",  # 150
+    "trainer/test_family_matrix_maze.py",  # 87 alone: one warm start, an hf and a vLLM GRPO run
     "trainer/test_smollm2_training.py",  # 110
     "policy_server/test_vllm_engine.py",  # 74 alone (one vLLM start)
     "policy_server/test_vllm_qwen3_vl.py",  # 68

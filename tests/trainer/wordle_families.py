@@ -119,8 +119,9 @@ def step_records(config: TrainConfig) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def matrix_row(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the matrix reports of a run: per step, calls, parse, fidelity figures, merge."""
+def matrix_row(records: list[dict[str, Any]], played: str = "tool_calls") -> dict[str, Any]:
+    """What the matrix reports of a run: per step, calls, parse, fidelity figures, merge. ``played``:
+    the agent's metric that counts the calls it played (Wordle's ``tool_calls``, the maze's ``moves``)."""
     keep = ("calls", "unparsed_tool_call_fraction", "prefix_breaks", "prefix_break_fraction")
     return {
         "steps": [
@@ -129,8 +130,8 @@ def matrix_row(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "adapter_version": record["adapter_version"],
                 "sampled_adapter_versions": record["sampled_adapter_versions"],
                 "rollouts": record["rollouts"]["total"],
-                # guess_word calls the agent ran per game: each one a call the engine parsed.
-                "guess_word_calls_per_game": record["agent_metrics"]["tool_calls"],
+                # Calls the agent played per episode: each one a call the engine parsed.
+                "calls_played_per_episode": record["agent_metrics"][played],
                 "merge_ratio": round(record["tokens"]["merge_ratio"], 4),
                 **{key: record["fidelity"][key] for key in keep},
                 **{
