@@ -50,8 +50,8 @@ NEAR_GOAL_MOVES = 3
 
 
 def near_goal_rows(count: int) -> list[dict[str, Any]]:
-    """Training mazes whose goal is 3 moves away (the nearest any has): a step trains only on a maze some of whose
-    episodes solve it and some not, and a policy walking nearly blind solves these often enough."""
+    """Training mazes whose goal is 3 moves away (the nearest any has): a step trains only on a maze
+    some of whose episodes solve it and some not, and walking nearly blind solves these often enough."""
     rows = (row for row in train_rows(400) if len(shortest_path(row_maze(row)) or []) <= NEAR_GOAL_MOVES)
     return [{**row, "observation": "image"} for row in islice(rows, count)]
 
