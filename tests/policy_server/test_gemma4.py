@@ -243,3 +243,18 @@ def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
         "where": {"x": "y"},
     }
     assert theirs[4] == {"reasoning": None, "content": "It is 10 degrees.", "tool_calls": []}
+
+
+def test_vllm_sampling_is_refused_for_the_lora_modules_it_cannot_serve_as_the_learner_computes() -> None:
+    gemma4 = family("gemma4")
+    refusal = gemma4.vllm_lora_refusal("all-linear")
+    assert refusal is not None and refusal.startswith(
+        "vLLM cannot sample a LoRA on k_proj of the gemma4 family as the learner computes it (k_proj: "
+        "served with other logprobs; docs/models.md, gemma4), and lora.target_modules is all-linear: "
+        "leave it out, e.g. lora.target_modules: [q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
+    )
+    named = gemma4.vllm_lora_refusal(["embed_tokens", "q_proj", "v_proj", "lm_head"])
+    assert named is not None and "embed_tokens, lm_head: the adapter refused at load" in named
+    assert "leave them out, e.g. lora.target_modules: [q_proj, v_proj]" in named
+    assert gemma4.vllm_lora_refusal(["q_proj", "v_proj", "o_proj"]) is None
+    assert family("llama").vllm_lora_refusal("all-linear") is None

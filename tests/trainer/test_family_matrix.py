@@ -80,9 +80,10 @@ def test_a_family_plays_wordle_for_two_grpo_steps(
 
 
 # vLLM's CPU build runs the llama and qwen3 architectures with LoRA; gpt_oss it cannot, and gemma4's
-# adapter on its global layers it serves other than the learner computes it (docs/models.md).
-# The same warm starts as the hf rows, so a row's difference is the engine's. Two gateway workers
-# (processes) serve the agents, so the trainer's API (jobs, traces, adapter loads) works across them.
+# tiny model needs the embeddings and the output head adapted, which vLLM's Gemma 4 does not load
+# (docs/models.md). The hf rows' warm starts, so a row's difference is the engine's. Two gateway
+# workers (processes) serve the agents, so the trainer's API (jobs, traces, adapter loads) works
+# across them.
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
@@ -105,6 +106,26 @@ def test_a_family_plays_wordle_for_two_grpo_steps_on_vllm(
     check_two_steps(records)
     # vLLM's raw logprobs and the learner's agree closely: the tokens trained are the ones it sampled.
     assert all(record["update"]["mismatch_kl"] < 1e-3 for record in records if record["update"]["applied"])
+
+
+@pytest.mark.slow
+def test_a_gemma4_run_on_vllm_with_k_proj_adapted_is_refused_naming_the_module(
+    agent_url: str, prepared: Prepared, tmp_path: Path
+) -> None:
+    """The hf row's warm start adapts k_proj, the embeddings and the output head; sampling it with
+    vLLM is refused before vLLM starts (its python does not exist), naming them and what to set."""
+    vllm = {"python": "/nonexistent/python-never-started", "dtype": "float32"}
+    config = grpo_config(*prepared("gemma4"), tmp_path / "grpo", agent_url, SEED, engine="vllm", vllm=vllm)
+    with pytest.raises(TrainingError) as refused:
+        train(config)
+    message = str(refused.value)
+    print(message)
+    assert message.startswith(
+        "vLLM cannot sample a LoRA on k_proj, embed_tokens, lm_head of the gemma4 family as the learner "
+        "computes it (k_proj: served with other logprobs; embed_tokens, lm_head: the adapter refused at "
+        "load; docs/models.md, gemma4)"
+    )
+    assert "e.g. lora.target_modules: [q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]" in message
 
 
 @pytest.mark.slow

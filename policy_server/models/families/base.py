@@ -15,6 +15,9 @@ from typing import Any, ClassVar
 
 from policy_server.http.chat_format import parse_tool_calls
 
+# What lora.target_modules' 'all-linear' reaches in a decoder layer of the text families.
+ALL_LINEAR_BUT_HEAD = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 @dataclass(frozen=True)
 class TinySizes:
@@ -71,6 +74,10 @@ class Family:
     train_attn_implementation: ClassVar[str | None] = None
     vision: ClassVar[bool] = False
     vision_parts: ClassVar[VisionParts] = VisionParts()
+    # LoRA target modules vLLM cannot sample as the learner computes them: served with other
+    # logprobs, or an adapter on them refused at load. A run sampled by vLLM leaves them out.
+    vllm_mismatched_lora_modules: ClassVar[tuple[str, ...]] = ()
+    vllm_unloadable_lora_modules: ClassVar[tuple[str, ...]] = ()
 
     def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
         """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a
@@ -109,6 +116,27 @@ class Family:
                 f"use one of: {', '.join(self.reasoning_efforts)}."
             )
         return None
+
+    def vllm_lora_refusal(self, target_modules: Sequence[str] | str) -> str | None:
+        """Why vLLM cannot sample an adapter on ``target_modules`` as the learner computes it (a
+        sentence naming the modules and what to set), or None. ``all-linear`` (a string) reaches
+        every projection of a decoder layer, not the embeddings or the output head."""
+        asked = list(ALL_LINEAR_BUT_HEAD) if isinstance(target_modules, str) else list(target_modules)
+        mismatched = [m for m in self.vllm_mismatched_lora_modules if m in asked]
+        unloadable = [m for m in self.vllm_unloadable_lora_modules if m in asked]
+        if not mismatched and not unloadable:
+            return None
+        why = [f"{', '.join(mismatched)}: served with other logprobs"] if mismatched else []
+        why += [f"{', '.join(unloadable)}: the adapter refused at load"] if unloadable else []
+        keep = [m for m in asked if m not in mismatched + unloadable]
+        listed = target_modules if isinstance(target_modules, str) else ", ".join(target_modules)
+        them = "it" if len(mismatched + unloadable) == 1 else "them"
+        return (
+            f"vLLM cannot sample a LoRA on {', '.join(mismatched + unloadable)} of the {self.name} "
+            f"family as the learner computes it ({'; '.join(why)}; docs/models.md, {self.name}), and "
+            f"lora.target_modules is {listed}: leave {them} out, e.g. lora.target_modules: "
+            f"[{', '.join(keep)}], or sample with engine: hf."
+        )
 
     def build_tiny(
         self, out: Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()

@@ -31,6 +31,11 @@ class Gemma4(Family):
     model_types = ("gemma4", "gemma4_text")
     vllm_tool_call_parser = "gemma4"
     vllm_reasoning_parser = "gemma4"
+    # vLLM 0.32 applies a LoRA on k_proj of the global layers, whose values reuse their keys, other
+    # than transformers does (0.73 apart on a random adapter), and its Gemma 4 loads no LoRA on the
+    # embeddings or the output head (docs/models.md, gemma4).
+    vllm_mismatched_lora_modules = ("k_proj",)
+    vllm_unloadable_lora_modules = ("embed_tokens", "lm_head")
 
     def __init__(self, properties: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         # Each offered tool's parameter properties, which type the call's values (with_tools).
