@@ -23,7 +23,7 @@ from agents.maze.demo.model import maze_corpus, warm_start
 from agents.maze.demo.plans import TINY_TARGET_MODULES, VISION_QUICK
 from agents.maze.solver import shortest_path
 from policy_server.models.families import TinySizes, family
-from tests.trainer.wordle_families import matrix_row, step_records
+from tests.trainer.family_matrix_rows import check_update_hot_loaded, matrix_row, measured, step_records
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -91,26 +91,17 @@ def grpo_config(prepared: tuple[Path, Path, Path], out: Path, agent_url: str, **
         target_modules=TARGET_MODULES,
         seed=SEED,
     )
-    overrides = {
-        "eval_on_start": False,
-        "eval_on_end": False,
-        "fidelity": {"max_unparsed_tool_call_fraction": None},
-        **fields,
-    }
-    return TrainConfig.model_validate({**config.model_dump(), **overrides})
+    return measured(config, **fields)
 
 
 def check_two_steps(records: list[dict[str, Any]]) -> None:
-    """The matrix's asks of the picture row's two steps."""
-    first, second = records
+    """What the picture row asks of its two steps."""
     for record in records:
         assert record["rollouts"]["total"] == 16 and record["rollouts"]["failed"] == 0
         assert record["fidelity"]["unparsed_tool_call_fraction"] < 1.0
     # Move calls parsed and played by the agent, and episodes that went on to a second picture.
     assert min(record["agent_metrics"]["moves"] for record in records) > 1.0
-    assert first["fidelity"]["logprob_abs_diff_max"] < 1e-3
-    assert first["adapter_version"] > max(first["sampled_adapter_versions"])
-    assert second["sampled_adapter_versions"] == [first["adapter_version"]]
+    check_update_hot_loaded(records)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from agents.wordle.demo.plans import WordlePlan
 from agents.wordle.demo.solver import game_demonstration, solver_game
 from agents.wordle.main import SYSTEM_PROMPT
 from policy_server.models.families import TinySizes, family
+from tests.trainer.family_matrix_rows import measured
 from trainer.config import TokenPrices, TrainConfig
 
 # Two secrets x four games a step; the warm start's few opening calls teach the call format only
@@ -99,47 +100,12 @@ def grpo_config(
         chat_template=None,
         prices=TokenPrices(),
     )
-    overrides = {
-        "eval_on_start": False,
-        "eval_on_end": False,
-        "max_completion_length": MAX_COMPLETION_TOKENS,
-        "max_calls_per_rollout": MAX_CALLS,
-        "rollout_timeout_s": 300.0,
+    return measured(
+        config,
+        max_completion_length=MAX_COMPLETION_TOKENS,
+        max_calls_per_rollout=MAX_CALLS,
+        rollout_timeout_s=300.0,
         # Below the demo's 1.0: the short warm start leaves the call format likely, not certain.
-        "temperature": 0.7,
-        # Measured, not a stop: the short warm start leaves a share of the calls unparsed, which the
-        # matrix reports (test_family_matrix.py's wrong-parser run keeps the default limit).
-        "fidelity": {"max_unparsed_tool_call_fraction": None},
+        temperature=0.7,
         **fields,
-    }
-    return TrainConfig.model_validate({**config.model_dump(), **overrides})
-
-
-def step_records(config: TrainConfig) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def matrix_row(records: list[dict[str, Any]], played: str = "tool_calls") -> dict[str, Any]:
-    """What the matrix reports of a run: per step, calls, parse, fidelity figures, merge. ``played``:
-    the agent's metric that counts the calls it played (Wordle's ``tool_calls``, the maze's ``moves``)."""
-    keep = ("calls", "unparsed_tool_call_fraction", "prefix_breaks", "prefix_break_fraction")
-    return {
-        "steps": [
-            {
-                "step": record["step"],
-                "adapter_version": record["adapter_version"],
-                "sampled_adapter_versions": record["sampled_adapter_versions"],
-                "rollouts": record["rollouts"]["total"],
-                # Calls the agent played per episode: each one a call the engine parsed.
-                "calls_played_per_episode": record["agent_metrics"][played],
-                "merge_ratio": round(record["tokens"]["merge_ratio"], 4),
-                **{key: record["fidelity"][key] for key in keep},
-                **{
-                    key: round(value, 6)
-                    for key, value in record["fidelity"].items()
-                    if key not in keep and isinstance(value, float)
-                },
-            }
-            for record in records
-        ]
-    }
+    )
