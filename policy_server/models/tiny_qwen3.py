@@ -11,12 +11,12 @@ Qwen3's tokenizer does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 from policy_server.models.tiny import (
     _PROSE,
     END_OF_TEXT,
@@ -67,11 +67,7 @@ def _save_qwen3_tokenizer(out: Path, corpus: Iterable[str] | None, vocab_size: i
     # Qwen3's <think> tags are added tokens but not special ones: decoding keeps them as text.
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in THINK_TAGS])
     tokenizer.save_pretrained(out)
-    # As tiny.py: the plain class name, which vLLM's transformers loads.
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out)
     return tokenizer
 
 
@@ -92,8 +88,7 @@ def build_tiny_qwen3(
     a multiple of 64 (head_dim 64, vLLM's). Two query heads share each key/value head, as in Qwen3's
     grouped-query attention, when there are two or more.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if hidden_size % HEAD_DIM:
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM's head_dim)")
@@ -121,11 +116,11 @@ def build_tiny_qwen3(
         tie_word_embeddings=False,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
+    return save_random_model(
+        Qwen3ForCausalLM,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=[im_end, end_of_text],
+        pad_token_id=end_of_text,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out

@@ -19,12 +19,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 from policy_server.models.tiny import (
     _PROSE,
     END_OF_TEXT,
@@ -100,10 +100,7 @@ def _save_tokenizer_and_processor(
     # As tiny_vision.py: the plain class names load in vLLM's transformers and without torchvision.
     path = out / "preprocessor_config.json"
     path.write_text(path.read_text().replace("Qwen2VLImageProcessorPil", "Qwen2VLImageProcessor"))
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out)
     return tokenizer
 
 
@@ -171,8 +168,7 @@ def build_tiny_qwen3_vl(
     ``corpus`` and ``vocab_size`` are the tiny model's (``build_tiny_model``); ``hidden_size`` must be
     a multiple of 64 (head_dim 64, vLLM's) and ``num_layers`` at least the DeepStack mergers' count.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     if hidden_size % HEAD_DIM:
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM's head_dim)")
@@ -185,12 +181,12 @@ def build_tiny_qwen3_vl(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _save_tokenizer_and_processor(out, corpus, vocab_size, max_position_embeddings)
     config = _config(tokenizer, hidden_size, num_layers, max_position_embeddings)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
     im_end, end_of_text = config.text_config.eos_token_id, config.text_config.pad_token_id
-    model.generation_config = GenerationConfig(
-        eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
+    return save_random_model(
+        Qwen3VLForConditionalGeneration,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=[im_end, end_of_text],
+        pad_token_id=end_of_text,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out

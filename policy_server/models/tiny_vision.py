@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 from policy_server.models.tiny import (
     END_OF_TEXT,
     HEAD_DIM,
@@ -68,10 +68,7 @@ def _save_processor(out: Path) -> None:
     # transformers, and a torchvision-less install falls back to the PIL class by itself).
     path = out / "preprocessor_config.json"
     path.write_text(path.read_text().replace("Qwen2VLImageProcessorPil", "Qwen2VLImageProcessor"))
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out)
 
 
 @dataclass(frozen=True)
@@ -160,8 +157,7 @@ def build_tiny_vision_model(
     must be a multiple of 64 (vLLM's head_dim); ``tower`` sizes the vision tower (default: 2 blocks of
     width 64, 2 heads); ``rope`` the language model's M-RoPE (default: Qwen2-VL's shape).
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLForConditionalGeneration
 
     if hidden_size % HEAD_DIM:
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM's head_dim)")
@@ -184,12 +180,12 @@ def build_tiny_vision_model(
     if sum(rope.sections) != HEAD_DIM // 2:
         raise ValueError(f"M-RoPE sections {rope.sections} must sum to {HEAD_DIM // 2} (head_dim / 2)")
     config = _config(tokenizer, hidden_size, num_layers, max_position_embeddings, tower, rope)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
     im_end, end_of_text = config.text_config.eos_token_id, config.text_config.pad_token_id
-    model.generation_config = GenerationConfig(
-        eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text, bos_token_id=None
+    return save_random_model(
+        Qwen2VLForConditionalGeneration,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=[im_end, end_of_text],
+        pad_token_id=end_of_text,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out

@@ -5,13 +5,13 @@ tokens, and the ``gemma4`` template."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
 from policy_server.models.families.base import TinySizes
+from policy_server.models.saving import plain_tokenizer_class, save_random_model
 
 # Gemma 4's control tokens, all special in its tokenizer; the first four take ids 0-3 as in Gemma's.
 SPECIAL_TOKENS = (
@@ -44,8 +44,7 @@ def build_tiny_gemma4(
     out_dir: str | Path, *, seed: int = 0, corpus: Sequence[str] = (), sizes: TinySizes = TinySizes()
 ) -> Path:
     """Write the tokenizer, the ``gemma4`` template and a random Gemma4ForCausalLM to ``out_dir``."""
-    import torch
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     if sizes.hidden_size % HEAD_DIM:
         raise ValueError(
@@ -82,14 +81,15 @@ def build_tiny_gemma4(
         tie_word_embeddings=True,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Gemma4ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=stops, pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"]
+    return save_random_model(
+        Gemma4ForCausalLM,
+        config,
+        out,
+        seed=seed,
+        eos_token_ids=stops,
+        pad_token_id=ids["<pad>"],
+        bos_token_id=ids["<bos>"],
     )
-    model.save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def _save_tokenizer(out: Path, corpus: Sequence[str], sizes: TinySizes) -> Any:
@@ -110,9 +110,5 @@ def _save_tokenizer(out: Path, corpus: Sequence[str], sizes: TinySizes) -> Any:
     )
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[4:])})
     tokenizer.save_pretrained(out)
-    # transformers 5 writes "TokenizersBackend", a class vLLM's transformers lacks.
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    plain_tokenizer_class(out)
     return tokenizer
