@@ -48,7 +48,7 @@ def _share_the_cores() -> None:
     """Give each pytest-xdist worker its own share of the cores, for its threads and its children's.
 
     Two workers whose torch each spread over every core oversubscribe them: OpenMP's threads then
-    wait on each other at every barrier, and a step of the visual warm start took 2.5 times as long
+    wait on each other at every barrier, and a step of the visual warm start took 2.6 times as long
     as on one thread a worker (docs/development.md). So torch computes on as many threads as the
     worker's share holds, the processes a test starts (agents, Ray's workers) inherit that through
     ``OMP_NUM_THREADS``, and a vLLM server binds to the share's cores instead of every server taking
