@@ -12,7 +12,7 @@ import pytest
 from agents.wordle.demo.model import secret_split
 from agents.wordle.demo.plans import QUICK
 from agents.wordle.demo.report import billing, game_stats
-from agents.wordle.demo.solver import consistent, game_demonstration, solver_game
+from agents.wordle.demo.solver import consistent, game_demonstration, solver_demonstrations, solver_game
 from agents.wordle.game import ScoredGuess, score_guess
 from trainer.config import TokenPrices
 
@@ -36,6 +36,24 @@ def test_the_solver_guesses_only_words_consistent_with_the_feedback() -> None:
     calls = [m for m in demonstration["messages"] if m["role"] == "assistant"]
     assert [json.loads(c["tool_calls"][0]["function"]["arguments"])["guess"] for c in calls] == guesses
     assert demonstration["tools"][0]["function"]["name"] == "guess_word"
+
+
+def test_demonstrations_can_end_before_the_winning_guess_so_none_names_its_secret() -> None:
+    pool, train, _ = secret_split(QUICK, seed=0)
+    secrets = train[:16]
+    whole = solver_demonstrations(secrets, pool, noise=0.3, seed=0)
+    cut = solver_demonstrations(secrets, pool, noise=0.3, seed=0, end_before_win=True)
+
+    def guesses(demonstration: dict) -> list[str]:
+        calls = [m for m in demonstration["messages"] if m["role"] == "assistant"]
+        return [json.loads(c["tool_calls"][0]["function"]["arguments"])["guess"] for c in calls]
+
+    for secret, full, shortened in zip(secrets, map(guesses, whole), map(guesses, cut), strict=True):
+        # The same seeded games, the winning guess left out of those that won after a first guess.
+        won = full[-1] == secret and len(full) > 1
+        assert shortened == (full[:-1] if won else full)
+        assert secret not in shortened or len(full) == 1
+    assert sum(len(c["messages"]) < len(w["messages"]) for w, c in zip(whole, cut, strict=True)) > 8
 
 
 def test_the_report_counts_games_and_bills_as_the_service() -> None:

@@ -33,7 +33,9 @@ def secret_split(plan: WordlePlan, seed: int) -> tuple[list[str], list[str], lis
 def sft_games(plan: WordlePlan, pool: list[str], train: list[str], seed: int) -> list[dict[str, Any]]:
     """The warm start's demonstrations: the noisy solver on the training secrets, in turn."""
     secrets = [train[index % len(train)] for index in range(plan.sft_games)]
-    return solver_demonstrations(secrets, pool, noise=plan.sft_noise, seed=seed)
+    return solver_demonstrations(
+        secrets, pool, noise=plan.sft_noise, seed=seed, end_before_win=plan.sft_end_before_win
+    )
 
 
 def build_model(

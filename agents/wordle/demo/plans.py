@@ -24,6 +24,9 @@ class WordlePlan:
     # The solver's chance of guessing any word of the pool instead of one consistent with the
     # feedback (agents/wordle/demo/solver.py): an imperfect teacher leaves GRPO something to improve.
     sft_noise: float = 0.3
+    # End each won demonstration before its winning guess, so that none names its secret: games that
+    # end on the training secrets teach a prior over those words (docs/wordle.md).
+    sft_end_before_win: bool = False
     sft_learning_rate: float = 2e-3
     sft_batch_size: int = 8
     lora_r: int = 16

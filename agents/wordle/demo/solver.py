@@ -85,8 +85,15 @@ def game_demonstration(secret: str, words: Sequence[str]) -> dict[str, Any]:
 
 
 def solver_demonstrations(
-    secrets: Sequence[str], pool: Sequence[str], *, noise: float, seed: int
+    secrets: Sequence[str], pool: Sequence[str], *, noise: float, seed: int, end_before_win: bool = False
 ) -> list[dict[str, Any]]:
-    """One demonstration per secret: the noisy solver's game on it (seeded)."""
+    """One demonstration per secret: the noisy solver's game on it (seeded). ``end_before_win``: a won
+    game of two or more guesses ends before its winning guess, so no demonstration names its secret."""
     rng = random.Random(f"wordle-solver-{seed}")
-    return [game_demonstration(secret, solver_game(secret, pool, rng, noise)) for secret in secrets]
+    demonstrations = []
+    for secret in secrets:
+        words = solver_game(secret, pool, rng, noise)
+        if end_before_win and len(words) > 1 and words[-1] == secret:
+            words = words[:-1]
+        demonstrations.append(game_demonstration(secret, words))
+    return demonstrations
