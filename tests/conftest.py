@@ -61,7 +61,12 @@ def _share_the_cores() -> None:
     import torch
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cores = sorted(os.sched_getaffinity(0))
+    # The cores this process may use (Linux); elsewhere every core the machine has.
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     share = cores[int(worker.removeprefix("gw")) % max(1, len(cores)) :: workers] or cores
     torch.set_num_threads(len(share))
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(len(share))
