@@ -120,6 +120,10 @@ def test_qwen3_vl_plays_the_picture_maze_for_two_grpo_steps(
 def test_qwen3_vl_plays_the_picture_maze_for_two_grpo_steps_on_vllm(
     warm_started: tuple[Path, Path, Path], agent_url: str, tmp_path: Path, vllm_python: str
 ) -> None:
+    """vLLM's CPU kernels are its own, not pinned as rftkit's are (docs/reproducibility.md): on another
+    CPU its samples may differ, and step 1 trains only if one of its 16 episodes solves a maze (one
+    did here, on either engine). Where none does, this fails at the hot-load check: a thinner margin
+    than the hf row's, which the pinned kernels repeat on any x86 CPU with AVX2."""
     vllm = {"python": vllm_python, "dtype": "float32", "max_lora_rank": PLAN.lora_r}
     config = grpo_config(warm_started, tmp_path / "grpo", agent_url, engine="vllm", vllm=vllm)
     assert train(config).steps == 2
