@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.engines.base import GenerationRequest, GenerationResult
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.models.tiny import build_tiny_model
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from policy_server.trace import CallRecord
@@ -52,36 +51,31 @@ def _gateway_over_vllm(engine: VLLMEngine) -> Iterator[tuple[PolicyServer, Serve
         thread.stop()
 
 
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
+    engine = VLLMEngine(
+        tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32", cpu_build=True
+    )
+    with _gateway_over_vllm(engine) as (server, thread):
+        server.open_job(JOB, max_tokens=64)
+        yield server, thread
+
+
 # Calls this long take minutes to play out on this CPU, so clients that leave a few seconds in
 # always leave mid-call, however slowly a loaded machine answers the test's own polls of vLLM.
 LONG_CALL_TOKENS = 30_000
 
 
-def long_context_copy(model_dir: Path, out: Path, positions: int) -> Path:
-    """``model_dir`` with a longer context: the same weights and tokenizer, only the limit raised (a
-    Llama's rotary positions have no learned table), so its logprobs are the original's."""
-    shutil.copytree(model_dir, out)
-    for name, key in (
-        ("config.json", "max_position_embeddings"),
-        ("tokenizer_config.json", "model_max_length"),
-    ):
-        settings = json.loads((out / name).read_text())
-        settings[key] = positions
-        (out / name).write_text(json.dumps(settings))
-    return out
-
-
 @pytest.fixture(scope="module")
-def vllm_server(
-    tiny_model_dir: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
+def long_context_vllm(
+    tmp_path_factory: pytest.TempPathFactory, vllm_python: str
 ) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    """The tiny model behind one vLLM for the module, with a 32k-token context so that the abandoned
-    calls' test has calls long enough to leave mid-way (one vLLM start instead of two)."""
-    served = long_context_copy(tiny_model_dir, tmp_path_factory.mktemp("long-context") / "model", 32_768)
-    engine = VLLMEngine(served, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32", cpu_build=True)
-    with _gateway_over_vllm(engine) as (server, thread):
-        server.open_job(JOB, max_tokens=64)
-        yield server, thread
+    """The tiny model with a 32k-token context, behind its own vLLM and gateway."""
+    model_dir = build_tiny_model(
+        tmp_path_factory.mktemp("long-context") / "model", max_position_embeddings=32_768
+    )
+    with _gateway_over_vllm(VLLMEngine(model_dir, python=vllm_python, dtype="float32")) as served:
+        yield served
 
 
 def client_for(thread: ServerThread, rollout_id: str) -> openai.OpenAI:
@@ -310,7 +304,7 @@ def _vllm_metric(engine: VLLMEngine, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
+def test_abandoned_calls_are_aborted_in_vllm(long_context_vllm: tuple[PolicyServer, ServerThread]) -> None:
     """A client that leaves cancels its forwarded request, so vLLM stops generating for it.
 
     The clients leave as soon as every call has reached vLLM (its own counters say so), and vLLM's
@@ -319,7 +313,7 @@ def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, Se
     server answered one poll of /metrics after 7.5 s (its CPU build's spin-waiting processes take
     the cores), and by then every call had ended. 30,000-token calls leave minutes of margin.
     """
-    server, thread = vllm_server
+    server, thread = long_context_vllm
     engine = server.engine
     assert isinstance(engine, VLLMEngine)
     job, calls, max_tokens = f"{JOB}-drop", 8, LONG_CALL_TOKENS
