@@ -21,7 +21,7 @@ LONGEST_FIRST = (
     "trainer/test_demo.py",  # 150
     "trainer/test_family_matrix_maze.py",  # 87 alone: one warm start, an hf and a vLLM GRPO run
     "trainer/test_smollm2_training.py",  # 110
-    "policy_server/test_vllm_engine.py",  # 74 alone (one vLLM start)
+    "policy_server/test_vllm_engine.py",  # 81 (two vLLM starts)
     "policy_server/test_vllm_qwen3_vl.py",  # 68
     "trainer/test_ray_learner.py",  # 60
     "policy_server/test_vllm_vision.py",  # 60
