@@ -35,7 +35,7 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
             served_name=config.policy_name,
             max_lora_rank=vllm.lora_rank_for(config.adapter_rank()),
             max_loras=vllm.max_loras,
-            dtype=vllm.dtype_for(on_gpus),
+            dtype=vllm.dtype_for(on_gpus, parsers.family.vllm_cpu_dtype if parsers.family else None),
             max_model_len=vllm.max_model_len,
             tensor_parallel_size=placement.vllm_tensor_parallel,
             data_parallel_size=placement.vllm_data_parallel,

@@ -1,5 +1,10 @@
-"""The hf engine's running batch: rows being generated, their shared left-padded KV cache, and how
-rows are sampled, merged in and dropped."""
+"""The hf engine's running batch: rows being generated, their shared left-padded cache, and how rows
+are sampled, merged in and dropped.
+
+The cache holds one layer per decoder layer: a :class:`GrowingLayer` of keys and values for an
+attention layer, a :class:`RecurrentLayer` of conv and recurrent states for a linear-attention layer
+(Qwen 3.5's Gated DeltaNet, ``config.layer_types``). Both join rows (``stack``) and drop them
+(``keep``) the same way, so a batch of a hybrid model merges and shrinks as any other."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import Cache, DynamicLayer
+from transformers.cache_utils import LinearAttentionLayer
 
 from policy_server.engines.base import GenerationRequest, GenerationResult
 
@@ -107,6 +113,48 @@ def _room(like: torch.Tensor, rows: int, used: int) -> tuple[torch.Tensor, torch
     return like.new_empty(shape), like.new_empty(shape)
 
 
+class RecurrentLayer(LinearAttentionLayer):
+    """A linear-attention layer's cache (a conv state and a recurrent state per row, no sequence
+    axis) whose rows join and leave as :class:`GrowingLayer`'s do.
+
+    A left-padded prefill leaves a row's states as its prompt alone leaves them up to rounding: the
+    model zeroes the padding's inputs, so the recurrent state stays zero through it and the conv
+    state keeps zeros left of the prompt. Rounding differs (the chunked delta rule groups the prompt
+    by its offset), which is why the batch-invariant engine prefills such models one row at a time.
+    """
+
+    def keep(self, runs: list[tuple[int, int]], first: int) -> None:
+        """Keep the rows of ``runs`` (``[start, stop)`` ranges, in order); ``first`` is for KV layers."""
+        for states in (self.conv_states, self.recurrent_states):
+            for index, state in states.items():
+                if state is not None:
+                    states[index] = torch.cat([state[start:stop] for start, stop in runs])
+
+    def stack(self, other: RecurrentLayer, width: int) -> None:
+        """Append ``other``'s rows after these; ``width`` is for KV layers."""
+        pairs = ((self.conv_states, other.conv_states), (self.recurrent_states, other.recurrent_states))
+        for states, others in pairs:
+            for index, state in states.items():
+                if state is not None:
+                    states[index] = torch.cat([state, others[index]])
+
+
+def has_linear_attention(config: Any) -> bool:
+    """Whether a model has linear-attention layers (its text config's ``layer_types``)."""
+    return "linear_attention" in (getattr(config.get_text_config(), "layer_types", None) or ())
+
+
+def new_cache(config: Any) -> Cache:
+    """An empty cache for a model: a :class:`RecurrentLayer` for each linear-attention layer of its
+    ``layer_types``, a :class:`GrowingLayer` for each other layer."""
+    if not has_linear_attention(config):
+        return Cache(layer_class_to_replicate=GrowingLayer)
+    kinds = config.get_text_config().layer_types
+    return Cache(
+        layers=[RecurrentLayer() if kind == "linear_attention" else GrowingLayer() for kind in kinds]
+    )
+
+
 @dataclass
 class Batch:
     """The running rows and their shared, left-padded KV cache."""
@@ -146,9 +194,9 @@ def sample_tokens(
     return tokens, raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _layers(cache: Cache) -> list[GrowingLayer]:
-    layers = [layer for layer in cache.layers if isinstance(layer, GrowingLayer)]
-    assert len(layers) == len(cache.layers), "the engine's caches hold GrowingLayer layers only"
+def _layers(cache: Cache) -> list[GrowingLayer | RecurrentLayer]:
+    layers = [layer for layer in cache.layers if isinstance(layer, (GrowingLayer, RecurrentLayer))]
+    assert len(layers) == len(cache.layers), "the engine's caches hold GrowingLayer and RecurrentLayer only"
     return layers
 
 

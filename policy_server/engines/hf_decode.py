@@ -24,10 +24,11 @@ from policy_server.engines import batch_invariant
 from policy_server.engines.base import GenerationResult
 from policy_server.engines.hf_batch import (
     Batch,
-    GrowingLayer,
     Row,
     fail,
+    has_linear_attention,
     merge,
+    new_cache,
     resolve,
     sample_tokens,
     select,
@@ -173,7 +174,15 @@ class DecodeLoop:
             yield
 
     def _start_rows(self, rows: list[Row]) -> None:
-        """Prefill new rows, sample their first token and merge the survivors into the batch."""
+        """Prefill new rows, sample their first token and merge the survivors into the batch.
+
+        A batch-invariant engine prefills a model with linear-attention layers one row at a time: the
+        chunked delta rule rounds a left-padded prompt other than the same prompt alone.
+        """
+        if len(rows) > 1 and self.batch_invariant and has_linear_attention(self._model.config):
+            for row in rows:
+                self._start_rows([row])
+            return
         version = rows[0].request.adapter_version
         if version != 0 and version not in self._adapters:
             for row in rows:
@@ -188,7 +197,7 @@ class DecodeLoop:
             input_ids[index, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
             mask[index, width - len(row.prompt_ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        cache = Cache(layer_class_to_replicate=GrowingLayer)
+        cache = new_cache(self._model.config)
         prompt_lengths = [len(row.prompt_ids) for row in rows]
         logits = self._forward(
             version,

@@ -47,6 +47,7 @@ from policy_server.engines.base import EngineOccupancy, GenerationRequest, Gener
 from policy_server.engines.vllm_server import (
     VLLMEngineError,
     VLLMLauncher,
+    cpu_family_args,
     error_message,
     free_port,
     image_token_id_of,
@@ -112,8 +113,7 @@ class VLLMEngine(VLLMLauncher):
         self._attached = base_url is not None
         self._base_url = base_url.rstrip("/") if base_url else None
         self._max_lora_rank, self._max_loras = max_lora_rank, max_loras
-        self._tool_call_parser = tool_call_parser
-        self._reasoning_parser = reasoning_parser
+        self._tool_call_parser, self._reasoning_parser = tool_call_parser, reasoning_parser
         # Resolved now, so a bad setting fails before a server is started.
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
         self._dtype = dtype
@@ -122,11 +122,12 @@ class VLLMEngine(VLLMLauncher):
         self._gpu_memory_utilization = gpu_memory_utilization
         self._enable_sleep_mode = enable_sleep_mode
         self._cpu_build = cpu_build
+        # The CPU build's arguments for the model's family; a dtype it cannot run is refused now.
+        self._cpu_family_args = cpu_family_args(Path(model_dir), dtype) if cpu_build else ()
         self._cuda_visible_devices = cuda_visible_devices
         self._extra_args = list(extra_args)
         self._api_key = api_key
-        self._startup_timeout_s = startup_timeout_s
-        self._request_timeout_s = request_timeout_s
+        self._startup_timeout_s, self._request_timeout_s = startup_timeout_s, request_timeout_s
         # Attached servers choose their own --logprobs-mode; a server rftkit starts uses raw_logprobs.
         self.logprobs_mode: LogprobsMode = logprobs_mode if self._attached else "raw"
         self._process: subprocess.Popen[bytes] | None = None

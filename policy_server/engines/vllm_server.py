@@ -21,6 +21,7 @@ import httpx
 
 from handlers import tied_popen
 from policy_server.http.images import ImageLimits
+from policy_server.models.families import UnknownFamilyError, family_of
 
 VLLM_PYTHON_ENV = "RFTKIT_VLLM_PYTHON"
 # sitecustomize.py for vLLM environments without torchvision and for vLLM's CPU build (see that file).
@@ -62,6 +63,7 @@ class VLLMLauncher:
     _gpu_memory_utilization: float | None
     _enable_sleep_mode: bool
     _cpu_build: bool
+    _cpu_family_args: tuple[str, ...]  # what the CPU build needs for the model's family
     _cuda_visible_devices: str | None
     _extra_args: list[str]
     _api_key: str | None
@@ -119,7 +121,7 @@ class VLLMLauncher:
         if self._cpu_build:
             # vLLM 0.32's CPU build crashes its engine when it chunks the prefill of a seeded request
             # (it rewinds the request's generator, and CPU generators have no offset): never chunk.
-            cmd += ["--no-enable-chunked-prefill"]
+            cmd += ["--no-enable-chunked-prefill", *self._cpu_family_args]
         if self._api_key:
             cmd += ["--api-key", self._api_key]
         if self.supports_images:
@@ -204,6 +206,22 @@ def image_token_id_of(model_dir: Path) -> int | None:
         return None  # not a local directory (an attached server's model name): text only
     token = config.get("image_token_id")
     return int(token) if config.get("vision_config") is not None and token is not None else None
+
+
+def cpu_family_args(model_dir: Path, dtype: str) -> tuple[str, ...]:
+    """The server arguments vLLM's CPU build needs for the model's family (Qwen 3.5's); a ``dtype``
+    that build does not run the family in is refused here, with a sentence, rather than by the
+    server at its first call."""
+    try:
+        found = family_of(model_dir)
+    except UnknownFamilyError:
+        return ()  # not a local directory (an attached server's model name): vLLM reads it
+    if found is None:
+        return ()
+    refusal = found.vllm_cpu_dtype_refusal(dtype)
+    if refusal is not None:
+        raise VLLMEngineError(refusal)
+    return found.vllm_cpu_args
 
 
 def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:

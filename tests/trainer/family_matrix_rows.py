@@ -23,11 +23,12 @@ def measured(config: TrainConfig, **fields: Any) -> TrainConfig:
     return TrainConfig.model_validate({**config.model_dump(), **overrides})
 
 
-def check_update_hot_loaded(records: list[dict[str, Any]]) -> None:
-    """The first update trained sampled tokens at the sampler's logprobs (either engine in float32 on
-    the CPU), was applied and its adapter hot-loaded: the second step sampled with it."""
+def check_update_hot_loaded(records: list[dict[str, Any]], max_abs_diff: float = 1e-3) -> None:
+    """The first update trained sampled tokens at the sampler's logprobs (within ``max_abs_diff``:
+    either engine in float32 on the CPU agrees within 1e-3), was applied and its adapter hot-loaded:
+    the second step sampled with it."""
     first, second = records
-    assert first["fidelity"]["logprob_abs_diff_max"] < 1e-3
+    assert first["fidelity"]["logprob_abs_diff_max"] < max_abs_diff
     assert first["adapter_version"] > max(first["sampled_adapter_versions"])
     assert second["sampled_adapter_versions"] == [first["adapter_version"]]
 

@@ -3,7 +3,8 @@
 vLLM pads every adapter to --max-lora-rank, and its CPU build copies each token's padded LoRA
 matrices, so the rank is the adapter's own (rounded up to one vLLM accepts) unless set. Without CUDA
 the learner computes in float32, so vLLM does too unless told otherwise (its CPU build would choose
-bfloat16 even for a float32 model, and the learner's logprobs would then disagree with the sampler's).
+bfloat16 even for a float32 model, and the learner's logprobs would then disagree with the sampler's),
+except for a family that build runs in bfloat16 only (Qwen 3.5's Gated DeltaNet).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from policy_server.engines.vllm_server import VLLMEngineError
 from trainer.config import TrainConfig
 from trainer.engine import local_engine
 from trainer.scale.placement import Gpu, Node, place
@@ -96,3 +98,34 @@ def test_vllm_keeps_onednns_own_kernels_unless_the_user_capped_them(
     config = _config(vllm={"python": sys.executable})
     engine = local_engine(config, _llama_dir(tmp_path), place(config, Node([], present=True)))
     assert engine.spawn_env().get("ONEDNN_MAX_CPU_ISA") == served  # type: ignore[attr-defined]
+
+
+def _qwen3_5_dir(directory: Path) -> Path:
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    return directory
+
+
+def test_qwen3_5_on_the_cpu_build_is_served_in_bfloat16_without_prefix_caching(tmp_path: Path) -> None:
+    config = _config(vllm={"python": sys.executable})
+    engine = local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
+    command = engine.command(8000)  # type: ignore[attr-defined]
+    assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert {"--no-enable-chunked-prefill", "--no-enable-prefix-caching"} <= set(command)
+    # A Llama there keeps prefix caching.
+    (tmp_path / "llama").mkdir()
+    llama = local_engine(config, _llama_dir(tmp_path / "llama"), place(config, Node([], present=True)))
+    assert "--no-enable-prefix-caching" not in llama.command(8000)  # type: ignore[attr-defined]
+
+
+def test_qwen3_5_in_float32_on_the_cpu_build_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    config = _config(vllm={"python": sys.executable, "dtype": "float32"})
+    with pytest.raises(VLLMEngineError) as refused:
+        local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
+    assert str(refused.value) == (
+        "vLLM's CPU build runs the qwen3_5 family in bfloat16 only (docs/models.md, qwen3_5), and "
+        "vllm.dtype is float32: set vllm.dtype to auto or bfloat16 (rft serve: --dtype), or sample "
+        "with engine: hf."
+    )
+    # On GPUs the same setting is vLLM's to take.
+    gpu = local_engine(config, tmp_path, place(config, Node([Gpu(0, 80 * 10**9)], present=True)))
+    assert "--no-enable-prefix-caching" not in gpu.command(8000)  # type: ignore[attr-defined]

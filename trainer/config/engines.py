@@ -60,8 +60,8 @@ class VLLMConfig(_Section):
     dtype: str = Field(
         default="auto",
         description="vLLM's --dtype: 'auto' (the model's own on GPUs; float32 for vLLM placed on the "
-        "CPU, as the learner there, where vLLM would choose bfloat16), 'float32', 'bfloat16', "
-        "'float16'.",
+        "CPU, as the learner there, where vLLM would choose bfloat16, except for a family vLLM's CPU "
+        "build runs in bfloat16 only, Qwen 3.5's), 'float32', 'bfloat16', 'float16'.",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -132,15 +132,15 @@ class VLLMConfig(_Section):
         default="auto",
         description="vLLM's --tool-call-parser, with --enable-auto-tool-choice. 'auto': the model "
         "family's, read from its config.json (hermes for Llama/Qwen2/Qwen3 and the chatml-tools "
-        "template, openai for gpt-oss, gemma4 for Gemma 4; docs/models.md), and a model no family "
-        "covers stops the run with a sentence; a name (any parser your vLLM lists) wins; null: tool "
-        "calls stay in the text. The hf engine reads it too and parses as the family whose vLLM "
-        "parser it names.",
+        "template, qwen3_coder for Qwen 3.5/3.6, openai for gpt-oss, gemma4 for Gemma 4; "
+        "docs/models.md), and a model no family covers stops the run with a sentence; a name (any "
+        "parser your vLLM lists) wins; null: tool calls stay in the text. The hf engine reads it too "
+        "and parses as the family whose vLLM parser it names.",
     )
     reasoning_parser: str | None = Field(
         default="auto",
-        description="vLLM's --reasoning-parser: 'auto': the model family's (qwen3 for Qwen3, "
-        "openai_gptoss for gpt-oss, none for Llama), a name (any parser your vLLM lists) wins, "
+        description="vLLM's --reasoning-parser: 'auto': the model family's (qwen3 for Qwen3 and "
+        "Qwen 3.5/3.6, openai_gptoss for gpt-oss, none for Llama), a name (any parser your vLLM lists) wins, "
         "null: none. The reasoning comes back as reasoning_content and its tokens stay in the "
         "recorded completion.",
     )
@@ -183,7 +183,8 @@ class VLLMConfig(_Section):
             )
         return fitting[0]
 
-    def dtype_for(self, on_gpus: bool) -> str:
+    def dtype_for(self, on_gpus: bool, cpu_dtype: str | None = None) -> str:
         """--dtype: the setting; 'auto' for vLLM without a GPU is float32, as the learner computes
-        there (vLLM's CPU build would pick bfloat16 even for a float32 model)."""
-        return "float32" if self.dtype == "auto" and not on_gpus else self.dtype
+        there (vLLM's CPU build would pick bfloat16 even for a float32 model), or ``cpu_dtype``, the
+        one dtype that build runs the model's family in (Qwen 3.5's bfloat16)."""
+        return (cpu_dtype or "float32") if self.dtype == "auto" and not on_gpus else self.dtype

@@ -9,8 +9,9 @@ The setting is a shipped template's name (``chatml-tools``: ChatML with hermes `
 blocks, for any model whose turns use ``<|im_start|>``/``<|im_end|>``; ``chatml-tools-vision``: the
 same with image parts rendered as Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``;
 ``harmony``: gpt-oss's harmony format, the tiny gpt-oss's template; ``qwen3-vl``: Qwen3-VL's format,
-the tiny Qwen3-VL's template; ``gemma4``: Gemma 4's format, the tiny Gemma 4's template) or a path
-to a Jinja file.
+the tiny Qwen3-VL's template; ``gemma4``: Gemma 4's format, the tiny Gemma 4's template; ``qwen3``
+and ``qwen3_5``: Qwen3's and Qwen 3.5's formats, their tiny models' templates) or a path to a Jinja
+file.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SHIPPED: dict[str, str] = {
     "gemma4": "gemma4.jinja",
     "qwen3-vl": "qwen3_vl.jinja",
     "qwen3": "qwen3.jinja",
+    "qwen3_5": "qwen3_5.jinja",
     "harmony": "harmony.jinja",
 }
 

@@ -19,6 +19,7 @@ _MODULES: dict[str, str] = {
     "qwen2_vl": "policy_server.models.families.qwen2_vl",
     "qwen3": "policy_server.models.families.qwen3",
     "qwen3_vl": "policy_server.models.families.qwen3_vl",
+    "qwen3_5": "policy_server.models.families.qwen3_5",
     "gemma4": "policy_server.models.families.gemma4",
     "gpt_oss": "policy_server.models.families.gpt_oss",
 }

@@ -78,6 +78,10 @@ class Family:
     # logprobs, or an adapter on them refused at load. A run sampled by vLLM leaves them out.
     vllm_mismatched_lora_modules: ClassVar[tuple[str, ...]] = ()
     vllm_unloadable_lora_modules: ClassVar[tuple[str, ...]] = ()
+    # vLLM's CPU build: the one dtype it runs this family's layers in (None: any, and rftkit serves
+    # float32 there, as the learner computes) and the server arguments the family needs there.
+    vllm_cpu_dtype: ClassVar[str | None] = None
+    vllm_cpu_args: ClassVar[tuple[str, ...]] = ()
 
     def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
         """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a
@@ -136,6 +140,17 @@ class Family:
             f"family as the learner computes it ({'; '.join(why)}; docs/models.md, {self.name}), and "
             f"lora.target_modules is {listed}: leave {them} out, e.g. lora.target_modules: "
             f"[{', '.join(keep)}], or sample with engine: hf."
+        )
+
+    def vllm_cpu_dtype_refusal(self, dtype: str) -> str | None:
+        """Why vLLM's CPU build cannot serve this family in ``dtype`` (a sentence naming the setting),
+        or None. ``auto`` is always served: rftkit then picks the family's CPU dtype."""
+        if self.vllm_cpu_dtype is None or dtype in ("auto", self.vllm_cpu_dtype):
+            return None
+        return (
+            f"vLLM's CPU build runs the {self.name} family in {self.vllm_cpu_dtype} only "
+            f"(docs/models.md, {self.name}), and vllm.dtype is {dtype}: set vllm.dtype to auto or "
+            f"{self.vllm_cpu_dtype} (rft serve: --dtype), or sample with engine: hf."
         )
 
     def build_tiny(
