@@ -33,14 +33,16 @@ class VllmLayout:
 
 def vllm_needs(config: TrainConfig, shape: ModelShape, tensor_parallel: int) -> tuple[int, int]:
     """(bytes vLLM needs on each of its GPUs at least, context length assumed): its weights, LoRA
-    slots, one full-length sequence's KV cache and its CUDA context, split over ``tensor_parallel``."""
+    slots, one full-length sequence's KV cache (and a hybrid model's linear-attention states) and its
+    CUDA context, split over ``tensor_parallel``."""
     dtype = config.vllm.dtype if config.vllm.dtype in DTYPE_BYTES else shape.dtype
     width = DTYPE_BYTES[dtype]
     context = config.vllm.max_model_len or shape.max_positions or 4096
     loras = config.vllm.max_loras * shape.lora_parameters(
         config.vllm.lora_rank_for(config.adapter_rank()), config.lora.target_modules
     )
-    need = (shape.parameters() + loras) * width + shape.kv_bytes_per_token(width) * context
+    cache = shape.kv_bytes_per_token(width) * context + shape.state_bytes_per_sequence(width)
+    need = (shape.parameters() + loras) * width + cache
     return need // tensor_parallel + CUDA_OVERHEAD_BYTES, context
 
 

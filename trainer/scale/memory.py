@@ -1,12 +1,14 @@
 """Memory estimates of a decoder-only transformer from its ``config.json`` alone (no weights loaded).
 
-Covers the Llama family's shape (Llama, Mistral, Qwen2/2.5/3, SmolLM, Gemma's dense layers) and
+Covers the Llama family's shape (Llama, Mistral, Qwen2/2.5/3, SmolLM, Gemma's dense layers),
 mixture-of-experts layers (``num_local_experts``/``num_experts``, every layer sparse: gpt-oss,
-Qwen3-MoE), enough to say before a run whether it fits. Parameter counts are exact for those layouts
-up to norms and biases; activation memory is an estimate (what a transformer layer keeps for its
-backward pass with a fused attention kernel, which keeps no [T, T] matrix; a family that trains with
-eager attention keeps one per layer, :meth:`ModelShape.eager_attention_bytes`), meant to be within
-tens of percent, not bytes. LoRA on experts: :meth:`ModelShape.adapted_experts`.
+Qwen3-MoE; with a shared expert: Qwen 3.5/3.6 MoE) and hybrid models whose ``layer_types`` mix linear
+attention into full attention (Qwen 3.5/3.6: :mod:`trainer.scale.hybrid`), enough to say before a run
+whether it fits. Parameter counts are exact for those layouts up to norms and biases (Qwen 3.5/3.6's:
+exact); activation memory is an estimate (what a transformer layer keeps for its backward pass with a
+fused attention kernel, which keeps no [T, T] matrix; a family that trains with eager attention keeps
+one per layer, :meth:`ModelShape.eager_attention_bytes`), meant to be within tens of percent, not
+bytes. LoRA on experts: :meth:`ModelShape.adapted_experts`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.scale.hybrid import LinearAttention, linear_layer_count
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -82,6 +86,10 @@ class ModelShape:
     max_positions: int = 0  # the model's own context length; 0: not said
     model_type: str = ""  # config.json's model_type
     eager_attention: bool = False  # the family trains with eager attention ([T, T] scores kept)
+    shared_expert_intermediate: int = 0  # a shared expert's width beside the routed experts; 0: none
+    gated_attention: bool = False  # q_proj also outputs a gate (2 x heads x head_dim), q/k norms
+    linear: LinearAttention | None = None  # the linear-attention layers' sizes (hybrid models)
+    linear_layers: int = 0  # how many of ``layers`` are linear attention; the rest full attention
 
     @classmethod
     def from_config(cls, config: dict[str, Any], eager_attention: bool = False) -> ModelShape:
@@ -93,9 +101,16 @@ class ModelShape:
         experts = int(_first(text, "num_local_experts", "num_experts", "n_routed_experts", default=0))
         dense = int(_first(text, "intermediate_size", "n_inner", default=4 * hidden))
         dtype = str(_first(text, "dtype", "torch_dtype", default="bfloat16"))
+        from policy_server.models.families import family_for_model_type
+
+        found = family_for_model_type(str(config.get("model_type", "")))
+        layers = int(_first(text, "num_hidden_layers", "n_layer"))
+        linear_layers = linear_layer_count(text, found.full_attention_interval if found else None, layers)
+        linear = LinearAttention.from_config(lambda name: int(_first(text, name))) if linear_layers else None
+        shared = int(_first(text, "shared_expert_intermediate_size", default=0)) if experts else 0
         return cls(
             hidden=hidden,
-            layers=int(_first(text, "num_hidden_layers", "n_layer")),
+            layers=layers,
             heads=heads,
             kv_heads=int(_first(text, "num_key_value_heads", default=heads)),
             head_dim=int(_first(text, "head_dim", default=hidden // heads)),
@@ -110,6 +125,10 @@ class ModelShape:
             max_positions=int(_first(text, "max_position_embeddings", "n_positions", default=0)),
             model_type=str(config.get("model_type", "")),
             eager_attention=eager_attention,
+            shared_expert_intermediate=shared,
+            gated_attention=found is not None and found.gated_attention,
+            linear=linear,
+            linear_layers=linear_layers,
         )
 
     @classmethod
@@ -124,39 +143,71 @@ class ModelShape:
         eager = family is not None and family.train_attn_implementation == "eager"
         return cls.from_config(json.loads(path.read_text(encoding="utf-8")), eager_attention=eager)
 
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each projection of one layer (one expert's for MoE MLPs)."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {
-            "q_proj": (self.hidden, q),
-            "k_proj": (self.hidden, kv),
-            "v_proj": (self.hidden, kv),
-            "o_proj": (q, self.hidden),
-            "gate_proj": (self.hidden, self.intermediate),
-            "up_proj": (self.hidden, self.intermediate),
-            "down_proj": (self.intermediate, self.hidden),
-        }
+    @property
+    def full_layers(self) -> int:
+        """The layers with full attention (q/k/v/o, a KV cache): all but the linear ones."""
+        return self.layers - self.linear_layers
 
-    def parameters(self) -> int:
-        """Parameter count: embeddings, layers (attention, MLP or experts + router, norms), head."""
+    def layer_kinds(self) -> list[tuple[int, bool]]:
+        """(how many layers, whether linear attention) for each kind of layer the model has."""
+        kinds = [(self.full_layers, False), (self.linear_layers, True)]
+        return [(count, linear) for count, linear in kinds if count]
+
+    def linear_shapes(self, linear: bool = False) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each projection of one full-attention layer (``linear``: of one
+        linear-attention layer); the MLP's are one expert's for MoE MLPs, or the shared expert's (and
+        its gate's) where the model has one, as those are the nn.Linear modules there."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        if linear and self.linear is not None:
+            mixer = self.linear.linear_shapes(self.hidden)
+        else:
+            mixer = {
+                "q_proj": (self.hidden, 2 * q if self.gated_attention else q),
+                "k_proj": (self.hidden, kv),
+                "v_proj": (self.hidden, kv),
+                "o_proj": (q, self.hidden),
+            }
+        width = self.shared_expert_intermediate or self.intermediate
+        mlp = {
+            "gate_proj": (self.hidden, width),
+            "up_proj": (self.hidden, width),
+            "down_proj": (width, self.hidden),
+        }
+        if self.shared_expert_intermediate:
+            mlp["shared_expert_gate"] = (self.hidden, 1)
+        return {**mixer, **mlp}
+
+    def _attention_parameters(self) -> int:
+        """One full-attention layer's q/k/v/o, their biases and (gated attention) its q/k norms."""
         shapes = self.linear_shapes()
         attention = sum(i * o for name, (i, o) in shapes.items() if name in ALL_LINEAR[:4])
         if self.attention_bias:
             attention += shapes["q_proj"][1] + 2 * shapes["k_proj"][1]
-        mlp = sum(i * o for name, (i, o) in shapes.items() if name in ALL_LINEAR[4:])
+        return attention + (2 * self.head_dim if self.gated_attention else 0)
+
+    def parameters(self) -> int:
+        """Parameter count: embeddings, layers (attention or linear attention, MLP or experts + router
+        and a shared expert with its gate, norms), head."""
+        mlp = 3 * self.hidden * self.intermediate
         if self.experts:
             mlp = self.experts * mlp + self.hidden * self.experts
-        per_layer = attention + mlp + 2 * self.hidden
+            if self.shared_expert_intermediate:
+                mlp += 3 * self.hidden * self.shared_expert_intermediate + self.hidden
+        mixers = self.full_layers * self._attention_parameters()
+        if self.linear is not None:
+            mixers += self.linear_layers * self.linear.parameters(self.hidden)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + self.hidden
+        return mixers + self.layers * (mlp + 2 * self.hidden) + embeddings + self.hidden
 
     def active_parameters(self) -> int:
         """The weights one token's forward pass multiplies by: a mixture of experts' router's
         ``experts_per_token`` experts of each layer, not all of them; the input embedding is a
-        lookup, not counted (as OpenAI counts gpt-oss-20b's 3.61 B active of 20.91 B)."""
+        lookup, not counted (as OpenAI counts gpt-oss-20b's 3.61 B active of 20.91 B), unless it is
+        tied to the output head, which multiplies by it."""
         idle = max(self.experts - self.experts_per_token, 0) if self.experts else 0
         idle_experts = self.layers * idle * 3 * self.hidden * self.intermediate
-        return self.parameters() - idle_experts - self.vocab * self.hidden
+        lookup = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.parameters() - idle_experts - lookup
 
     def lora_parameters(
         self, rank: int, targets: Iterable[str] | str, target_parameters: Sequence[str] = ()
@@ -168,9 +219,12 @@ class ModelShape:
         modules, so an MoE's experts get no adapter from it, except where peft converts the names
         (``PEFT_CONVERTED_EXPERTS``).
         """
-        per_layer = sum(rank * (i + o) for i, o in self.adapted_modules(targets))
+        modules = sum(
+            count * sum(rank * (i + o) for i, o in self.adapted_modules(targets, linear))
+            for count, linear in self.layer_kinds()
+        )
         stacks = self.adapted_experts(rank, targets, target_parameters)
-        return self.layers * (per_layer + sum(stack.lora_parameters for stack in stacks))
+        return modules + self.layers * sum(stack.lora_parameters for stack in stacks)
 
     def adapted_experts(
         self, rank: int, targets: Iterable[str] | str, target_parameters: Sequence[str] = ()
@@ -222,12 +276,21 @@ class ModelShape:
         per_layer = tokens * self.heads * longest * dtype_bytes  # rows x heads x T x T, rows = tokens / T
         return per_layer * ((1 if checkpointing else self.layers) + 2)
 
-    def adapted_modules(self, targets: Iterable[str] | str) -> list[tuple[int, int]]:
-        """(in, out) features of each module of one layer a LoRA adapter on ``targets`` wraps."""
-        wanted = set(ALL_LINEAR if targets == "all-linear" else targets)
-        if self.experts and targets == "all-linear":
+    def adapted_modules(self, targets: Iterable[str] | str, linear: bool = False) -> list[tuple[int, int]]:
+        """(in, out) features of each module of one full-attention layer (``linear``: linear-attention
+        layer) a LoRA adapter on ``targets`` wraps. "all-linear" reaches every nn.Linear there: a
+        linear layer's projections (``hybrid.LINEAR_ATTENTION_MODULES``), a shared expert and its gate, not
+        the conv1d nor fused experts."""
+        shapes = self.linear_shapes(linear)
+        wanted = set(shapes if targets == "all-linear" else targets)
+        if self.experts and not self.shared_expert_intermediate and targets == "all-linear":
             wanted -= {"gate_proj", "up_proj", "down_proj"}
-        return [shape for name, shape in self.linear_shapes().items() if name in wanted]
+        return [shape for name, shape in shapes.items() if name in wanted]
+
+    def most_adapted_modules(self, targets: Iterable[str] | str) -> int:
+        """How many modules the layer that adapts the most wraps (a hybrid model's linear-attention
+        layers adapt other modules than its full-attention ones)."""
+        return max(len(self.adapted_modules(targets, linear)) for _, linear in self.layer_kinds())
 
     def lora_activation_bytes(
         self,
@@ -247,13 +310,19 @@ class ModelShape:
         - lora_A's output, which lora_B keeps: ``rank`` x 4 bytes;
         - with LoRA dropout, its mask (``in`` x 1 byte) and its float32 output (what lora_A keeps).
 
-        Every layer keeps them; with checkpointing only the layer being recomputed does.
+        Every layer keeps them (a hybrid model's full and linear layers adapt different modules);
+        with checkpointing only the layer being recomputed does, the larger kind's.
         """
-        per_layer = 0
-        for features, _ in self.adapted_modules(targets):
-            copy = features * 4 if dtype_bytes != 4 or dropout else 0
-            per_layer += copy + rank * 4 + (features if dropout else 0)
-        return tokens * per_layer * (1 if checkpointing else self.layers)
+        kept = []
+        for count, linear in self.layer_kinds():
+            per_layer = 0
+            for features, _ in self.adapted_modules(targets, linear):
+                copy = features * 4 if dtype_bytes != 4 or dropout else 0
+                per_layer += copy + rank * 4 + (features if dropout else 0)
+            kept.append((count, per_layer))
+        if checkpointing:
+            return tokens * max(per_layer for _, per_layer in kept)
+        return tokens * sum(count * per_layer for count, per_layer in kept)
 
     def update_extras(
         self,
@@ -286,23 +355,39 @@ class ModelShape:
         return extras
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV cache bytes one token takes across all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+        """KV cache bytes one token takes across the full-attention layers (all of them but a hybrid
+        model's linear ones, which keep :meth:`state_bytes_per_sequence` instead)."""
+        return 2 * self.full_layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """The conv and recurrent states one sequence keeps across a hybrid model's linear-attention
+        layers, whatever its length (0 for a model without them)."""
+        return self.linear_layers * self.linear.state_bytes(dtype_bytes) if self.linear is not None else 0
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
         """Activations kept for the backward pass of one micro-batch of ``tokens`` tokens.
 
-        Per token and layer a layer keeps its input and norms (~4 hidden), q and the attention
-        output (2 x heads x head_dim), k and v, and the MLP's gate, up, activation and product
-        (4 x intermediate, times the experts each token visits). With checkpointing only each
-        layer's input stays, plus one layer's worth while it is recomputed.
+        Per token and layer a layer keeps its input and norms (~4 hidden) and the MLP's gate, up,
+        activation and product (4 x intermediate, times the experts each token visits, plus a shared
+        expert's); a full-attention layer q and the attention output (2 x heads x head_dim; gated
+        attention twice that, for the gate and the gated output) and k and v; a linear-attention layer
+        what its token mixer keeps instead (:meth:`LinearAttention.activation_bytes_per_token`). With
+        checkpointing only each layer's input stays, plus one layer's worth (the larger kind's) while
+        it is recomputed.
         """
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        mlp = 4 * self.intermediate * max(self.experts_per_token, 1)
-        per_layer = 4 * self.hidden + 2 * q + 2 * kv + mlp
+        mlp = 4 * self.intermediate * max(self.experts_per_token, 1) + 4 * self.shared_expert_intermediate
+        common = (4 * self.hidden + mlp) * dtype_bytes
+        attention = (2 * q * (2 if self.gated_attention else 1) + 2 * kv) * dtype_bytes
+        mixer = self.linear.activation_bytes_per_token(dtype_bytes) if self.linear is not None else 0
+        layers = [(count, common + (mixer if linear else attention)) for count, linear in self.layer_kinds()]
+        largest = max(per_layer for _, per_layer in layers)
         # One more layer's worth: the gradients flowing back through the layer being differentiated.
-        kept = self.layers * self.hidden + 2 * per_layer if checkpointing else (self.layers + 1) * per_layer
-        return tokens * kept * dtype_bytes
+        if checkpointing:
+            kept = self.layers * self.hidden * dtype_bytes + 2 * largest
+        else:
+            kept = sum(count * per_layer for count, per_layer in layers) + largest
+        return tokens * kept
 
     def logits_bytes(self, positions: int, dtype_bytes: int) -> int:
         """The output head's working set for ``positions`` positions: logits in the model's dtype,

@@ -152,7 +152,7 @@ def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement)
             "update",
         ),
         Item(
-            f"LoRA inputs kept for backward ({len(shape.adapted_modules(config.lora.target_modules))} "
+            f"LoRA inputs kept for backward ({shape.most_adapted_modules(config.lora.target_modules)} "
             "adapted modules/layer, float32)",
             shape.lora_activation_bytes(
                 tokens,
@@ -187,18 +187,21 @@ def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement)
 def _hf_engine_items(config: TrainConfig, shape: ModelShape, placement: Placement) -> list[Item]:
     dtype = placement.engine_dtype
     width = DTYPE_BYTES[dtype]
-    # The hf engine keeps a KV cache for every running row; prompts assumed as long as completions.
-    tokens = config.hf.max_batch_size * 2 * config.max_completion_length
-    overhead = (
-        []
-        if placement.engine_device == placement.learner_device
-        else _process_overhead(placement.engine_device, "hf engine")
-    )
-    return [
+    # A KV cache for every running row (prompts assumed as long as completions) in the full-attention
+    # layers; a hybrid model's linear-attention layers keep fixed-size states per row instead.
+    rows = config.hf.max_batch_size
+    tokens = rows * 2 * config.max_completion_length
+    full = f", {shape.full_layers} full-attention layers" if shape.linear_layers else ""
+    items = [
         Item(f"hf engine weights ({dtype})", shape.parameters() * width),
-        Item(f"hf engine KV cache ({tokens} tokens)", shape.kv_bytes_per_token(width) * tokens),
-        *overhead,
+        Item(f"hf engine KV cache ({tokens} tokens{full})", shape.kv_bytes_per_token(width) * tokens),
     ]
+    if shape.linear_layers:
+        label = f"hf engine linear-attention states ({rows} rows x {shape.linear_layers} layers)"
+        items.append(Item(label, shape.state_bytes_per_sequence(width) * rows))
+    if placement.engine_device != placement.learner_device:
+        items += _process_overhead(placement.engine_device, "hf engine")
+    return items
 
 
 def _vllm_items(
@@ -220,9 +223,10 @@ def _vllm_items(
         if vllm.enable_sleep_mode:
             device.items.append(Item("vLLM asleep (its CUDA context)", CUDA_OVERHEAD_BYTES, "update"))
         if share < need:
+            states = " and linear-attention states" if shape.linear_layers else ""
             problems.append(
                 f"vLLM's share of {device.device} ({share / GB:.1f} GB) cannot hold its weights, LoRA "
-                f"slots and one {context}-token sequence's KV cache ({need / GB:.1f} GB): raise "
+                f"slots and one {context}-token sequence's KV cache{states} ({need / GB:.1f} GB): raise "
                 "vllm.gpu_memory_utilization, set a smaller vllm.max_model_len, or raise "
                 "vllm.tensor_parallel_size"
             )
@@ -325,8 +329,11 @@ def render(plan: Plan) -> str:
     gpus = f"{len(node.gpus)} GPU(s)" + ("" if node.present else " planned for") if node.gpus else "no GPU"
     shape = plan.shape
     active = f", {shape.active_parameters() / 1e9:.3f} B active per token" if shape.experts else ""
+    hybrid = (
+        f": {shape.linear_layers} linear attention, {shape.full_layers} full" if shape.linear_layers else ""
+    )
     lines = [
-        f"model: {shape.parameters() / 1e9:.3f} B parameters{active} ({shape.layers} layers, hidden "
+        f"model: {shape.parameters() / 1e9:.3f} B parameters{active} ({shape.layers} layers{hybrid}, hidden "
         f"{shape.hidden}, vocabulary {shape.vocab}); node: {gpus}",
         f"placement: learner on {placement.learner_device} ({placement.learner_dtype}), engine on "
         f"{placement.engine_device} ({placement.engine_dtype})"

@@ -72,6 +72,11 @@ class Family:
     reasoning_efforts: ClassVar[tuple[str, ...]] = ()
     # The attention implementation the learner loads the family with (None: transformers' default).
     train_attn_implementation: ClassVar[str | None] = None
+    # Full attention with an output gate (q_proj also projects a sigmoid gate: 2 x heads x head_dim),
+    # and, for a hybrid family, every how many layers one is full attention where config.json lists
+    # no ``layer_types`` (the rest linear attention; None: no linear layers). What ``rft plan`` counts.
+    gated_attention: ClassVar[bool] = False
+    full_attention_interval: ClassVar[int | None] = None
     vision: ClassVar[bool] = False
     vision_parts: ClassVar[VisionParts] = VisionParts()
     # LoRA target modules vLLM cannot sample as the learner computes them: served with other

@@ -137,6 +137,9 @@ class Qwen3_5(Family):
     model_types = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
     vllm_tool_call_parser = "qwen3_coder"
     vllm_reasoning_parser = "qwen3"
+    # Gated full attention in one layer of four, Gated DeltaNet linear attention in the others.
+    gated_attention = True
+    full_attention_interval = 4
     # vLLM 0.32's CPU kernel of Gated DeltaNet runs in bfloat16 only ("CPU GDN attention requires
     # BF16."), and its prefix caching of recurrent states needs the chunked prefill rftkit turns off
     # on that build ("Chunked prefill is required for mamba cache mode 'align'").
