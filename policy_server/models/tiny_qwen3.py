@@ -43,14 +43,15 @@ def _thinking_conversations() -> list[tuple[list[dict[str, Any]], list[dict[str,
     return [(messages, weather[1]), ([{"role": "user", "content": _PROSE[8]}], [])]
 
 
-def _corpus_texts(extra: Iterable[str] | None) -> list[str]:
-    """The tiny model's conversations rendered in Qwen3's format, its prose and ``extra``."""
+def _corpus_texts(extra: Iterable[str] | None, chat_template: str) -> list[str]:
+    """The tiny model's conversations (with and without thinking) rendered by ``chat_template``, its
+    prose and ``extra``."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     texts: list[str] = []
     for messages, tools in [*_example_conversations(), *_thinking_conversations()]:
         rendered, _ = render_jinja_template(
-            conversations=[messages], tools=tools or None, chat_template=CHAT_TEMPLATE
+            conversations=[messages], tools=tools or None, chat_template=chat_template
         )
         texts.extend(rendered)
     texts.extend(_PROSE)
@@ -58,13 +59,20 @@ def _corpus_texts(extra: Iterable[str] | None) -> list[str]:
     return texts
 
 
-def _save_qwen3_tokenizer(out: Path, corpus: Iterable[str] | None, vocab_size: int, max_length: int) -> Any:
+def save_thinking_tokenizer(
+    out: Path, corpus: Iterable[str] | None, vocab_size: int, max_length: int, chat_template: str
+) -> Any:
+    """The tiny BPE of a Qwen-format family (Qwen3's, Qwen 3.5's), trained on its conversations as
+    ``chat_template`` renders them, saved to ``out`` with the template."""
     from tokenizers import AddedToken
 
     tokenizer = _save_tokenizer(
-        _train_tokenizer(_corpus_texts(corpus), vocab_size), out, max_length, chat_template=CHAT_TEMPLATE
+        _train_tokenizer(_corpus_texts(corpus, chat_template), vocab_size),
+        out,
+        max_length,
+        chat_template=chat_template,
     )
-    # Qwen3's <think> tags are added tokens but not special ones: decoding keeps them as text.
+    # Qwen's <think> tags are added tokens but not special ones: decoding keeps them as text.
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in THINK_TAGS])
     tokenizer.save_pretrained(out)
     plain_tokenizer_class(out)
@@ -94,7 +102,7 @@ def build_tiny_qwen3(
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM's head_dim)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _save_qwen3_tokenizer(out, corpus, vocab_size, max_position_embeddings)
+    tokenizer = save_thinking_tokenizer(out, corpus, vocab_size, max_position_embeddings, CHAT_TEMPLATE)
     im_end, end_of_text = (
         tokenizer.convert_tokens_to_ids(IM_END),
         tokenizer.convert_tokens_to_ids(END_OF_TEXT),

@@ -26,20 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from policy_server.models.chat_templates import chat_template_text
-from policy_server.models.saving import plain_tokenizer_class, save_random_model
-from policy_server.models.tiny import (
-    _PROSE,
-    END_OF_TEXT,
-    HEAD_DIM,
-    IM_END,
-    _example_conversations,
-    _save_tokenizer,
-    _train_tokenizer,
-)
-from policy_server.models.tiny_qwen3 import THINK_TAGS, _thinking_conversations
+from policy_server.models.saving import save_random_model
+from policy_server.models.tiny import END_OF_TEXT, HEAD_DIM, IM_END
+from policy_server.models.tiny_qwen3 import save_thinking_tokenizer
 
 CHAT_TEMPLATE = chat_template_text("qwen3_5")
 LINEAR_HEAD_DIM = 128
@@ -67,33 +58,6 @@ def layer_types(num_layers: int) -> list[str]:
     return types
 
 
-def _corpus_texts(extra: Iterable[str] | None) -> list[str]:
-    """The tiny model's conversations rendered in Qwen 3.5's format, its prose and ``extra``."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    texts: list[str] = []
-    for messages, tools in [*_example_conversations(), *_thinking_conversations()]:
-        rendered, _ = render_jinja_template(
-            conversations=[messages], tools=tools or None, chat_template=CHAT_TEMPLATE
-        )
-        texts.extend(rendered)
-    texts.extend(_PROSE)
-    texts.extend(extra or ())
-    return texts
-
-
-def _save_qwen3_5_tokenizer(out: Path, corpus: Iterable[str] | None, vocab_size: int, max_length: int) -> Any:
-    from tokenizers import AddedToken
-
-    tokenizer = _save_tokenizer(
-        _train_tokenizer(_corpus_texts(corpus), vocab_size), out, max_length, chat_template=CHAT_TEMPLATE
-    )
-    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in THINK_TAGS])
-    tokenizer.save_pretrained(out)
-    plain_tokenizer_class(out)
-    return tokenizer
-
-
 def build_tiny_qwen3_5(
     out_dir: str | Path,
     *,
@@ -116,7 +80,7 @@ def build_tiny_qwen3_5(
         raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (the head_dim)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _save_qwen3_5_tokenizer(out, corpus, vocab_size, max_position_embeddings)
+    tokenizer = save_thinking_tokenizer(out, corpus, vocab_size, max_position_embeddings, CHAT_TEMPLATE)
     im_end, end_of_text = (
         tokenizer.convert_tokens_to_ids(IM_END),
         tokenizer.convert_tokens_to_ids(END_OF_TEXT),
