@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +219,32 @@ def cpu_family_args(model_dir: Path, dtype: str) -> tuple[str, ...]:
         return ()  # not a local directory (an attached server's model name): vLLM reads it
     if found is None:
         return ()
-    refusal = found.vllm_cpu_dtype_refusal(dtype)
+    refusal = found.vllm_cpu_dtype_refusal(dtype) or found.vllm_cpu_flags_refusal(
+        onednn_may_use(found.vllm_cpu_flags)
+    )
     if refusal is not None:
         raise VLLMEngineError(refusal)
     return found.vllm_cpu_args
+
+
+# ONEDNN_MAX_CPU_ISA values that keep oneDNN's bfloat16 instructions (others cap below them).
+_BF16_ISAS = ("ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10")
+
+
+def onednn_may_use(flags: Sequence[str]) -> bool | None:
+    """Whether oneDNN in a vLLM started now may use one of ``flags``: this CPU has one
+    (``/proc/cpuinfo``) and no ONEDNN_MAX_CPU_ISA the user exported caps below it. None where the
+    CPU's flags cannot be read (not Linux)."""
+    if not flags:
+        return True
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    present = set(cpuinfo.split())
+    pinned_by_rftkit = ONEDNN_ISA_ENV in os.environ.get(PINNED_CPU_KERNELS_ENV, "").split(",")
+    cap = "" if pinned_by_rftkit else os.environ.get(ONEDNN_ISA_ENV, "").upper()
+    return any(flag in present for flag in flags) and (not cap or cap.startswith(_BF16_ISAS))
 
 
 def served_base_model(models: dict[str, Any], wanted: str, url: str) -> str:

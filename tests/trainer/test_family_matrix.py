@@ -16,6 +16,8 @@ import pytest
 
 from agents.maze.demo.agent_process import serve_agent
 from policy_server.engines.base import GenerationResult
+from policy_server.engines.vllm_server import onednn_may_use
+from policy_server.models.families import family
 from policy_server.recording import looks_like_unparsed_tool_call
 from tests.trainer.family_matrix_rows import check_update_hot_loaded, matrix_row, step_records
 from tests.trainer.wordle_families import PLAN, grpo_config, prepare
@@ -92,6 +94,9 @@ VLLM_MAX_ABS_DIFF = {"llama": 1e-3, "qwen3": 1e-3, "qwen3_5": 0.5}
 def test_a_family_plays_wordle_for_two_grpo_steps_on_vllm(
     name: str, agent_url: str, prepared: Prepared, tmp_path: Path, vllm_python: str
 ) -> None:
+    wanted = family(name).vllm_cpu_flags
+    if onednn_may_use(wanted) is False:  # rftkit refuses it there (test_vllm_settings.py)
+        pytest.skip(f"vLLM's CPU build runs {name} only where oneDNN may use {' or '.join(wanted)}")
     vllm = {"python": vllm_python, "dtype": "auto", "max_lora_rank": PLAN.lora_r}
     config = grpo_config(
         *prepared(name),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from policy_server.engines.vllm_server import VLLMEngineError
+from policy_server.engines.vllm_server import VLLMEngineError, onednn_may_use
 from trainer.config import TrainConfig
 from trainer.engine import local_engine
 from trainer.scale.placement import Gpu, Node, place
@@ -129,3 +129,28 @@ def test_qwen3_5_in_float32_on_the_cpu_build_is_refused_naming_the_setting(tmp_p
     # On GPUs the same setting is vLLM's to take.
     gpu = local_engine(config, tmp_path, place(config, Node([Gpu(0, 80 * 10**9)], present=True)))
     assert "--no-enable-prefix-caching" not in gpu.command(8000)  # type: ignore[attr-defined]
+
+
+def test_qwen3_5_on_the_cpu_build_where_onednn_may_not_use_bfloat16_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap the user exported reaches vLLM (one rftkit set itself is lifted for it): vLLM's Gated
+    # DeltaNet kernel would then stop the engine at the first call, as it did here.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "")
+    config = _config(vllm={"python": sys.executable})
+    with pytest.raises(VLLMEngineError) as refused:
+        local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
+    assert str(refused.value) == (
+        "vLLM's CPU build runs the qwen3_5 family's bfloat16 kernels only where oneDNN may use "
+        "avx512_bf16 or amx_bf16 (docs/models.md, qwen3_5), and this CPU has neither or "
+        "ONEDNN_MAX_CPU_ISA caps it below them: sample with engine: hf, or run vLLM on a GPU or on "
+        "such a CPU."
+    )
+    # The cap rftkit pinned itself is lifted for vLLM, so it refuses nothing (where the CPU has them).
+    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "ONEDNN_MAX_CPU_ISA")
+    assert onednn_may_use(("avx512_bf16", "amx_bf16")) is _cpu_has_bf16()
+
+
+def _cpu_has_bf16() -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & set(Path("/proc/cpuinfo").read_text().split()))

@@ -87,6 +87,9 @@ class Family:
     # float32 there, as the learner computes) and the server arguments the family needs there.
     vllm_cpu_dtype: ClassVar[str | None] = None
     vllm_cpu_args: ClassVar[tuple[str, ...]] = ()
+    # CPU flags (/proc/cpuinfo's names) of which that build needs one to run this family's kernels
+    # (empty: it runs them on any x86-64 CPU it supports).
+    vllm_cpu_flags: ClassVar[tuple[str, ...]] = ()
 
     def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
         """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a
@@ -156,6 +159,18 @@ class Family:
             f"vLLM's CPU build runs the {self.name} family in {self.vllm_cpu_dtype} only "
             f"(docs/models.md, {self.name}), and vllm.dtype is {dtype}: set vllm.dtype to auto or "
             f"{self.vllm_cpu_dtype} (rft serve: --dtype), or sample with engine: hf."
+        )
+
+    def vllm_cpu_flags_refusal(self, usable: bool | None) -> str | None:
+        """Why vLLM's CPU build cannot run this family's kernels here (a sentence), or None.
+        ``usable``: whether oneDNN may use one of :attr:`vllm_cpu_flags` on this CPU (None: unknown)."""
+        if not self.vllm_cpu_flags or usable is not False:
+            return None
+        return (
+            f"vLLM's CPU build runs the {self.name} family's {self.vllm_cpu_dtype or 'float'} kernels "
+            f"only where oneDNN may use {' or '.join(self.vllm_cpu_flags)} (docs/models.md, {self.name}), "
+            "and this CPU has neither or ONEDNN_MAX_CPU_ISA caps it below them: sample with engine: hf, "
+            "or run vLLM on a GPU or on such a CPU."
         )
 
     def build_tiny(

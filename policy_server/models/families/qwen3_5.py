@@ -145,6 +145,10 @@ class Qwen3_5(Family):
     # on that build ("Chunked prefill is required for mamba cache mode 'align'").
     vllm_cpu_dtype = "bfloat16"
     vllm_cpu_args = ("--no-enable-prefix-caching",)
+    # Its bfloat16 Gated DeltaNet kernel needs oneDNN's bfloat16 matmuls; elsewhere the engine dies at
+    # the first call ("BFloat16 Brgemm VNNI format is only supported on X64 when oneDNN ukernel is
+    # enabled and `amx` is supported"), as it did here with ONEDNN_MAX_CPU_ISA=AVX2.
+    vllm_cpu_flags = ("avx512_bf16", "amx_bf16")
 
     def __init__(
         self, thinking: bool = True, properties: Mapping[str, Mapping[str, Any]] | None = None
