@@ -108,22 +108,22 @@ class VLLMEngine(VLLMLauncher):
         self.model_dir = str(model_dir)
         self.model_name = served_name
         self.adapter_tag = adapter_tag or uuid.uuid4().hex[:8]
-        self._python = python
-        self._port = port
+        self._python, self._port = python, port
         self._attached = base_url is not None
         self._base_url = base_url.rstrip("/") if base_url else None
         self._max_lora_rank, self._max_loras = max_lora_rank, max_loras
         self._tool_call_parser, self._reasoning_parser = tool_call_parser, reasoning_parser
         # Resolved now, so a bad setting fails before a server is started.
         self._chat_template = chat_template_path(chat_template) if chat_template is not None else None
-        self._dtype = dtype
-        self._max_model_len = max_model_len
+        self._dtype, self._max_model_len = dtype, max_model_len
         self._tensor_parallel_size, self._data_parallel_size = tensor_parallel_size, data_parallel_size
         self._gpu_memory_utilization = gpu_memory_utilization
         self._enable_sleep_mode = enable_sleep_mode
         self._cpu_build = cpu_build
-        # The CPU build's arguments for the model's family; a dtype it cannot run is refused now.
-        self._cpu_family_args = cpu_family_args(Path(model_dir), dtype) if cpu_build else ()
+        # The CPU build's arguments for the model's family; a dtype it cannot run is refused now (an
+        # attached server runs on another machine, whose CPU and dtype are its own).
+        on_cpu_here = cpu_build and not self._attached
+        self._cpu_family_args = cpu_family_args(Path(model_dir), dtype) if on_cpu_here else ()
         self._cuda_visible_devices = cuda_visible_devices
         self._extra_args = list(extra_args)
         self._api_key = api_key

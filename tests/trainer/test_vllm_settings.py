@@ -131,6 +131,19 @@ def test_qwen3_5_in_float32_on_the_cpu_build_is_refused_naming_the_setting(tmp_p
     assert "--no-enable-prefix-caching" not in gpu.command(8000)  # type: ignore[attr-defined]
 
 
+def test_an_attached_server_is_not_judged_by_this_machines_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rft serve --vllm-url` / vllm.attach_url: the server runs elsewhere, with its own dtype and
+    # CPU, so neither CPU-build refusal applies here and nothing CPU-build is added to a command.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "")
+    attached = {"python": sys.executable, "dtype": "float32", "attach_url": "http://10.0.0.7:8000"}
+    config = _config(vllm=attached)
+    engine = local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
+    assert engine._cpu_family_args == ()  # type: ignore[attr-defined]
+
+
 def test_qwen3_5_on_the_cpu_build_where_onednn_may_not_use_bfloat16_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
