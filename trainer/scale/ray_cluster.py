@@ -20,6 +20,9 @@ from trainer.config import RayConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
+# Ray's override of its worker processes' niceness (RayConfig's worker_niceness, 15 by default).
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
+
 
 @contextmanager
 def ray_cluster(settings: RayConfig | None) -> Iterator[None]:
@@ -67,13 +70,18 @@ def local_num_cpus(settings: RayConfig) -> int:
 
 
 def start_local_cluster(num_cpus: int | None, **options: Any) -> None:
-    """``ray.init`` of a cluster in this process, tried twice.
+    """``ray.init`` of a cluster in this process, tried twice, its workers at this process's priority.
 
     Ray gives its raylet a fixed 30 s to register with the GCS; a machine whose cores are all busy
-    can miss that window once ("The current node timed out during startup").
+    can miss that window once ("The current node timed out during startup"). Ray starts its worker
+    processes at niceness 15 (its ``worker_niceness``), to keep a cluster node's own daemons
+    responsive; on a local cluster those workers are the run itself (the inference replicas, the
+    learner workers), and at 15 any other busy process on the machine takes nearly all the cores from
+    them (docs/ray.md). A niceness the user exported (``RAY_worker_niceness``) is kept.
     """
     import ray
 
+    os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     for attempt in (1, 2):
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, **options)
