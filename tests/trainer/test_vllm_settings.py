@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from policy_server.engines import vllm_server
 from policy_server.engines.vllm_server import VLLMEngineError, onednn_may_use
 from trainer.config import TrainConfig
 from trainer.engine import local_engine
@@ -105,7 +106,12 @@ def _qwen3_5_dir(directory: Path) -> Path:
     return directory
 
 
-def test_qwen3_5_on_the_cpu_build_is_served_in_bfloat16_without_prefix_caching(tmp_path: Path) -> None:
+def test_qwen3_5_on_the_cpu_build_is_served_in_bfloat16_without_prefix_caching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a CPU whose oneDNN may use bfloat16 matmuls, whichever CPU runs the test (on one that may
+    # not, the family is refused: the test below).
+    monkeypatch.setattr(vllm_server, "onednn_may_use", lambda flags: True)
     config = _config(vllm={"python": sys.executable})
     engine = local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
     command = engine.command(8000)  # type: ignore[attr-defined]
