@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.wordle.demo.feedback import feedback_reading, game_surprise, guess_spans
+from agents.wordle.demo.feedback import FIELDS, feedback_reading, game_surprise, guess_spans, main
 from agents.wordle.demo.model import build_model, secret_split
 from agents.wordle.demo.plans import QUICK
 from agents.wordle.demo.solver import game_demonstration, solver_demonstrations, solver_game
@@ -85,3 +85,52 @@ def test_each_surprise_is_the_models_logprob_of_the_word_after_its_prefix(
             logits = model(torch.tensor([prefix])).logits[0, -1].float()
         expected.append(-torch.log_softmax(logits, dim=-1)[word_id].item())
     assert game_surprise(model, tokenizer, secret, words) == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_model_is_measured_as_shipped_on_a_named_plans_secrets(
+    tiny: tuple[Path, list[str], list[str]], capsys: pytest.CaptureFixture
+) -> None:
+    # No run directory: the model without an adapter, on the secrets `--plan quick --seed 0` gives the
+    # demo (those the fixture's model was built for), the same table feedback_reading computes.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, pool, validation = tiny
+    assert main(["--model", str(model_dir), "--plan", "quick", "--games", "3"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split() == ["guess", "games", "policy", "nats", "reader", "nats", "pool", "nats"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rows = feedback_reading(model, AutoTokenizer.from_pretrained(model_dir), pool, validation[:3])
+    assert [line.split() for line in printed[1:]] == [[str(row[key]) for key, _ in FIELDS] for row in rows]
+
+
+def test_without_a_run_or_a_model_the_command_says_what_to_give(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert exited.value.code == 2
+    assert "give a run directory, or --model" in capsys.readouterr().err
+
+
+def test_a_run_directory_gives_its_pool_secrets_and_warm_start(
+    tiny: tuple[Path, list[str], list[str]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # A run's layout: results.json (plan, seed), data/validation.jsonl, model/, sft-adapter/. A fresh
+    # LoRA adapter changes no logit (its B is zero), so the run's table is the model's as shipped.
+    import dataclasses
+    import json
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from agents.wordle.dataset import VALIDATION_FILE, write_rows
+
+    model_dir, _, validation = tiny
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"plan": dataclasses.asdict(PLAN), "seed": 0}))
+    write_rows(run / "data" / VALIDATION_FILE, validation)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(run / "sft-adapter")
+    assert main([str(run), "--model", str(model_dir), "--games", "2"]) == 0
+    from_run = capsys.readouterr().out
+    assert main(["--model", str(model_dir), "--plan", "quick", "--games", "2"]) == 0
+    assert from_run == capsys.readouterr().out

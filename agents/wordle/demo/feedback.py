@@ -8,11 +8,15 @@ the noise-free solver's guesses, guess by guess, beside those two bounds: one te
 per game, seconds for a tiny model.
 
     .venv/bin/python -m agents.wordle.demo.feedback RUN [--games 40]
+    .venv/bin/python -m agents.wordle.demo.feedback --model DIR --chat-template chatml-tools [--plan smollm2]
 
 ``RUN``: a finished ``rft demo --task wordle`` run directory (its ``results.json`` plan and seed give
 the pool; ``model/``, ``sft-adapter/`` and ``data/``); ``--adapter`` names another adapter (the final
-``adapter/``, say), ``--model`` the base model of a run on ``--model DIR`` (whose tokenizer's own chat
-template must then render tools as the run's did).
+``adapter/``, say), ``--model`` the base model of a run on ``--model DIR``. Without ``RUN``, ``--model``
+is measured as shipped (or with ``--adapter``) on the pool and validation secrets ``--plan`` and
+``--seed`` give the demo: whether a model reads the feedback before any training is spent on it.
+``--chat-template``: the template the run used when it was not the model's own (``chatml-tools`` for
+SmolLM2), so the games render as the policy saw them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agents.wordle.demo.plans import NAMED_PLANS
 from agents.wordle.demo.solver import consistent, game_demonstration, solver_game
 from agents.wordle.game import ScoredGuess, score_guess
 from agents.wordle.main import OPENING_MESSAGE
@@ -93,30 +98,52 @@ def feedback_reading(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a finished `rft demo --task wordle` run directory")
+    parser.add_argument("run", type=Path, nargs="?", help="a finished `rft demo --task wordle` run directory")
     parser.add_argument("--adapter", type=Path, help="the adapter to measure (default: RUN/sft-adapter)")
     parser.add_argument("--model", type=Path, help="the base model (default: RUN/model, the tiny one)")
+    parser.add_argument(
+        "--plan",
+        choices=[name.replace(" ", "-") for name in NAMED_PLANS],
+        default="smollm2",
+        help="without RUN: the plan whose pool and validation secrets to play (default smollm2)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="without RUN: the demo's seed (default 0)")
+    parser.add_argument("--chat-template", help="a shipped template's name or a file, as rft demo takes")
     parser.add_argument("--games", type=int, default=40, help="held-out secrets played (default 40)")
     args = parser.parse_args(argv)
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if args.run is None and args.model is None:
+        parser.error("give a run directory, or --model (a base model measured as shipped, or with --adapter)")
+    from transformers import AutoModelForCausalLM
 
+    from policy_server.models import load_tokenizer
+
+    model_dir, adapter, pool, validation = _inputs(args)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter)
+    tokenizer = load_tokenizer(model_dir, args.chat_template)
+    print(f"{'guess':>5} {'games':>5} {'policy nats':>11} {'reader nats':>11} {'pool nats':>9}")
+    for row in feedback_reading(model.eval(), tokenizer, pool, validation[: args.games]):
+        print(" ".join(f"{row[key]:>{width}}" for key, width in FIELDS))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Path, Path | None, list[str], list[str]]:
+    """The model, the adapter (None: the model as it is), the pool and the validation secrets."""
     from agents.wordle.dataset import VALIDATION_FILE
     from agents.wordle.demo.model import secret_split
     from agents.wordle.demo.plans import WordlePlan
 
+    if args.run is None:
+        pool, _, validation = secret_split(NAMED_PLANS[args.plan.replace("-", " ")], args.seed)
+        return args.model, args.adapter, pool, validation
     results = json.loads((args.run / "results.json").read_text())
     pool, _, _ = secret_split(WordlePlan(**results["plan"]), results["seed"])
     lines = (args.run / "data" / VALIDATION_FILE).read_text().splitlines()
-    validation = [json.loads(line)["secret"] for line in lines][: args.games]
-    model_dir = args.model or args.run / "model"
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    model = PeftModel.from_pretrained(base, args.adapter or args.run / "sft-adapter").eval()
-    print(f"{'guess':>5} {'games':>5} {'policy nats':>11} {'reader nats':>11} {'pool nats':>9}")
-    for row in feedback_reading(model, tokenizer, pool, validation):
-        print(" ".join(f"{row[key]:>{width}}" for key, width in FIELDS))
-    return 0
+    validation = [json.loads(line)["secret"] for line in lines]
+    return args.model or args.run / "model", args.adapter or args.run / "sft-adapter", pool, validation
 
 
 if __name__ == "__main__":

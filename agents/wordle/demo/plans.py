@@ -108,7 +108,10 @@ SMOLLM2_QUICK = WordlePlan(
 )
 
 
+# The plans by name: the banner's, and `agents.wordle.demo.feedback --plan`'s (spaces as hyphens).
+NAMED_PLANS = {"full": FULL, "quick": QUICK, "smollm2": SMOLLM2, "smollm2 quick": SMOLLM2_QUICK}
+
+
 def plan_name(plan: WordlePlan) -> str:
     """How the banner names a plan."""
-    named = (("full", FULL), ("quick", QUICK), ("smollm2", SMOLLM2), ("smollm2 quick", SMOLLM2_QUICK))
-    return next((name for name, known in named if known == plan), "custom")
+    return next((name for name, known in NAMED_PLANS.items() if known == plan), "custom")
