@@ -142,8 +142,7 @@ def test_an_attached_server_is_not_judged_by_this_machines_cpu(
 ) -> None:
     # `rft serve --vllm-url` / vllm.attach_url: the server runs elsewhere, with its own dtype and
     # CPU, so neither CPU-build refusal applies here and nothing CPU-build is added to a command.
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "")
+    _cap_onednn_as_a_user(monkeypatch)
     attached = {"python": sys.executable, "dtype": "float32", "attach_url": "http://10.0.0.7:8000"}
     config = _config(vllm=attached)
     engine = local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
@@ -155,8 +154,7 @@ def test_qwen3_5_on_the_cpu_build_where_onednn_may_not_use_bfloat16_is_refused(
 ) -> None:
     # A cap the user exported reaches vLLM (one rftkit set itself is lifted for it): vLLM's Gated
     # DeltaNet kernel would then stop the engine at the first call, as it did here.
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "")
+    _cap_onednn_as_a_user(monkeypatch)
     config = _config(vllm={"python": sys.executable})
     with pytest.raises(VLLMEngineError) as refused:
         local_engine(config, _qwen3_5_dir(tmp_path), place(config, Node([], present=True)))
@@ -169,6 +167,12 @@ def test_qwen3_5_on_the_cpu_build_where_onednn_may_not_use_bfloat16_is_refused(
     # The cap rftkit pinned itself is lifted for vLLM, so it refuses nothing (where the CPU has them).
     monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "ONEDNN_MAX_CPU_ISA")
     assert onednn_may_use(("avx512_bf16", "amx_bf16")) is _cpu_has_bf16()
+
+
+def _cap_onednn_as_a_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN capped at AVX2 by the user (not by rftkit's own pinning, which is lifted for vLLM)."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("RFTKIT_PINNED_CPU_KERNELS", "")
 
 
 def _cpu_has_bf16() -> bool:

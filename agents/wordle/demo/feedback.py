@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.wordle.demo.plans import NAMED_PLANS
+from agents.wordle.demo.plans import NAMED_PLANS, WordlePlan
 from agents.wordle.demo.solver import consistent, game_demonstration, solver_game
 from agents.wordle.game import ScoredGuess, score_guess
 from agents.wordle.main import OPENING_MESSAGE
@@ -134,7 +134,6 @@ def _inputs(args: argparse.Namespace) -> tuple[Path, Path | None, list[str], lis
     """The model, the adapter (None: the model as it is), the pool and the validation secrets."""
     from agents.wordle.dataset import VALIDATION_FILE
     from agents.wordle.demo.model import secret_split
-    from agents.wordle.demo.plans import WordlePlan
 
     if args.run is None:
         pool, _, validation = secret_split(NAMED_PLANS[args.plan.replace("-", " ")], args.seed)
