@@ -133,13 +133,14 @@ class StallWatchdog:
             )
             self._record(diagnosis, stalled_s, outstanding, "failed_rollouts", failed)
             return
-        # stop_run, or no rollout at an agent to fail (all wait for a concurrency slot).
+        # stop_run, or no rollout at an agent to fail (all wait for a concurrency slot). Recorded
+        # before `fatal` is set: the loop writes the step record as soon as it sees `fatal`.
+        self._record(diagnosis, stalled_s, outstanding, "stopped_run", 0)
         self.fatal = (
             f"{diagnosis}\nstopped by faults.stall_timeout_s ({timeout:g} s); the last checkpoint is "
             "where `--resume` starts"
         )
         log.error("%s", self.fatal)
-        self._record(diagnosis, stalled_s, outstanding, "stopped_run", 0)
 
     def _fail_at_agents(self, outstanding: list[_Outstanding], timeout: float) -> int:
         by_target: dict[str, list[_Outstanding]] = defaultdict(list)
