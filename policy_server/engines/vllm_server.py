@@ -32,6 +32,8 @@ CPU_LORA_OPS_ENV = "RFTKIT_CPU_LORA_OPS"
 # The CPU kernel variables rftkit set itself rather than the user (trainer/ops/cpu_kernels.py).
 PINNED_CPU_KERNELS_ENV = "RFTKIT_PINNED_CPU_KERNELS"
 ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+# PyTorch's switch that runs every torch.compile'd function as plain eager code.
+DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
 
 
 class VLLMEngineError(RuntimeError):
@@ -176,6 +178,13 @@ class VLLMLauncher:
         # gets oneDNN's own choice, unless the user set the cap.
         if ONEDNN_ISA_ENV in env.get(PINNED_CPU_KERNELS_ENV, "").split(","):
             del env[ONEDNN_ISA_ENV]
+        # vLLM's CPU build runs the model uncompiled (compilation mode none), yet a few helpers of its
+        # sampler and layers carry torch.compile, and inductor builds them at the server's first
+        # call: a stall of tens of seconds on every start. They count and reshape, so eager runs
+        # give the same tokens and logprobs to the bit (bench/vllm_first_call.py). The user's own
+        # setting wins.
+        if self._cpu_build:
+            env.setdefault(DYNAMO_DISABLE_ENV, "1")
         env.update(self.command_env())
         return env
 
