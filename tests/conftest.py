@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The longest files go first, so the last minutes are not one long file running beside an idle
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # 543: the visual quick run 362, then Ray from its warm start 181
+    "trainer/test_demo_vision.py",  # the visual quick run on Ray: its warm start ~175, then ~170
     "trainer/test_family_matrix.py",  # 161 alone: four warm starts, four hf and two vLLM GRPO runs
     "trainer/test_demo.py",  # 150
     "trainer/test_family_matrix_maze.py",  # 87 alone: one warm start, an hf and a vLLM GRPO run

@@ -1,8 +1,8 @@
 """``rft demo --quick``: every stage runs over loopback HTTP and the policy gets better at mazes.
 
 ``rft demo --ray`` runs end to end in ``test_demo_vision.py`` (the visual quick plan on two inference
-replicas and two learner workers, from that module's warm start): the text and the picture maze take
-the same path through Ray, so the suite runs it once, where it also asks the lift.
+replicas and two learner workers): the text and the picture maze take the same path through Ray, so
+the suite runs it once, where it also asks the lift.
 """
 
 from __future__ import annotations
