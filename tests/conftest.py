@@ -14,24 +14,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # `make test` runs the suite on two pytest-xdist workers, a file at a time (`--dist loadfile`, so a
 # module's vLLM server starts once), handing files out in collection order (`--no-loadscope-reorder`).
 # The longest files go first, so the last minutes are not one long file running beside an idle
-# worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations):
+# worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations=0,
+# docs/development.md):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # the visual quick run on Ray: its warm start ~175, then ~170
-    "trainer/test_family_matrix.py",  # 161 alone: four warm starts, four hf and two vLLM GRPO runs
-    "trainer/test_demo.py",  # 150
-    "trainer/test_family_matrix_maze.py",  # 87 alone: one warm start, an hf and a vLLM GRPO run
-    "trainer/test_smollm2_training.py",  # 110
-    "policy_server/test_vllm_engine.py",  # 81 (two vLLM starts)
-    "policy_server/test_vllm_qwen3_vl.py",  # 68
-    "trainer/test_ray_learner.py",  # 60
-    "policy_server/test_vllm_vision.py",  # 60
-    "trainer/test_export_vllm.py",  # 59
-    "policy_server/test_smollm2.py",  # 59
-    "bench/test_device_check.py",  # 55
-    "policy_server/test_vllm_attach.py",  # 46
-    "policy_server/test_engines_tool_calls.py",  # 40
-    "trainer/test_ray_replicas.py",  # 36
-    "policy_server/test_vllm_reasoning.py",  # 31
+    "trainer/test_demo_vision.py",  # 345: the visual quick run on Ray, its warm start ~175 of it
+    "trainer/test_demo.py",  # 203
+    "trainer/test_family_matrix.py",  # 181: five warm starts, five hf and three vLLM GRPO runs
+    "policy_server/test_vllm_engine.py",  # 92 (two vLLM starts)
+    "policy_server/test_vllm_qwen3_vl.py",  # 86
+    "trainer/test_resume.py",  # 83
+    "trainer/test_smollm2_training.py",  # 76
+    "bench/test_device_check.py",  # 59
+    "trainer/test_ray_learner.py",  # 57
+    "policy_server/test_vllm_vision.py",  # 56
+    "trainer/test_family_matrix_maze.py",  # 47: one warm start, an hf and a vLLM GRPO run
+    "policy_server/test_vllm_attach.py",  # 45
+    "trainer/test_ray_replicas.py",  # 42
+    "policy_server/test_smollm2.py",  # 41
+    "policy_server/test_engines_tool_calls.py",  # 30
+    "trainer/test_export_vllm.py",  # 26
+    "policy_server/test_vllm_reasoning.py",  # 25
 )
 
 
