@@ -27,10 +27,10 @@ from typing import Any
 
 from policy_server.engines.base import GenerationRequest
 from policy_server.engines.vllm import VLLMEngine
+from policy_server.engines.vllm_server import DYNAMO_DISABLE_ENV
 from policy_server.models.tiny import build_tiny_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vllm_first_call.json"
-DYNAMO_DISABLE = "TORCHDYNAMO_DISABLE"
 # What the started server's TORCHDYNAMO_DISABLE is on each side ("0": the user asked for inductor).
 SIDES = {"compiled": "0", "eager": None}
 
@@ -64,9 +64,9 @@ def run_side(side: str, model_dir: Path, args: argparse.Namespace) -> dict[str, 
     """One start with the side's TORCHDYNAMO_DISABLE in this process's environment (the server's)."""
     value = SIDES[side]
     if value is None:
-        os.environ.pop(DYNAMO_DISABLE, None)
+        os.environ.pop(DYNAMO_DISABLE_ENV, None)
     else:
-        os.environ[DYNAMO_DISABLE] = value
+        os.environ[DYNAMO_DISABLE_ENV] = value
     print(f"{side}: starting vLLM", flush=True)
     return asyncio.run(one_start(model_dir, args.calls, args.max_tokens))
 
