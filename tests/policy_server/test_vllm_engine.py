@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -418,22 +419,48 @@ def gateway_pool(
         yield pool
 
 
-def _play_sequentially(url: str, server: PolicyServer, rollouts: list[str], turns: int) -> None:
-    """Each rollout's turns in order, every call on a fresh connection (so on any worker)."""
+@contextlib.contextmanager
+def _only_worker(pool: GatewayPool, index: int) -> Iterator[None]:
+    """The pool's other workers stopped (SIGSTOP) meanwhile: the shared listening socket's next
+    connection can only be accepted by worker ``index``, so the test, not the scheduler, decides
+    which worker serves a call."""
+    others = [worker.process for worker in pool.workers if worker.index != index]
+    assert all(process is not None for process in others)
+    for process in others:
+        os.kill(process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        for process in others:
+            os.kill(process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+
+
+def _play_sequentially(
+    url: str,
+    server: PolicyServer,
+    rollouts: list[str],
+    turns: int,
+    route: Callable[[int], contextlib.AbstractContextManager[None]] = lambda _: contextlib.nullcontext(),
+) -> None:
+    """Each rollout's turns in order, every call on a fresh connection, inside ``route(n)`` for the
+    run's n-th call."""
+    count = 0
     for rollout_id in rollouts:
         server.open_rollout(POOL_JOB, rollout_id)
         messages = [{"role": "user", "content": f"Walk the maze {rollout_id[-1]}."}]
         for _ in range(turns):
-            answer = httpx.post(
-                f"{url}/v1/chat/completions",
-                json={"model": "policy", "messages": messages, "max_tokens": 6, "seed": 5},
-                headers={
-                    JOB_ARN_HEADER: POOL_JOB,
-                    TRAJECTORY_ID_HEADER: rollout_id,
-                    "Authorization": f"Bearer {AGENT_KEY}",
-                },
-                timeout=60,
-            )
+            with route(count):
+                answer = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "policy", "messages": messages, "max_tokens": 6, "seed": 5},
+                    headers={
+                        JOB_ARN_HEADER: POOL_JOB,
+                        TRAJECTORY_ID_HEADER: rollout_id,
+                        "Authorization": f"Bearer {AGENT_KEY}",
+                    },
+                    timeout=60,
+                )
+            count += 1
             assert answer.status_code == 200, answer.text
             content = answer.json()["choices"][0]["message"]["content"] or ""
             messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "go on"}]
@@ -447,16 +474,22 @@ def test_two_gateway_workers_record_what_one_records(
     single = PolicyServer(VLLMEngine(tiny_model_dir, base_url=shared.engine.base_url), api_key=AGENT_KEY)
     rollouts = [f"pool-rollout-{i}" for i in range(4)]
     traces = {}
+    served_before = gateway_pool.calls_by_worker()
     with ServerThread(single) as thread:
-        for server, url in ((single, thread.url), (gateway_pool.server, gateway_pool.url)):
+        # One gateway; then the pool, its calls served by workers 0 and 1 in turn, so every rollout
+        # crosses workers from one call to the next.
+        for server, url, route in (
+            (single, thread.url, lambda _: contextlib.nullcontext()),
+            (gateway_pool.server, gateway_pool.url, lambda n: _only_worker(gateway_pool, n % 2)),
+        ):
             server.open_job(POOL_JOB, max_tokens=16)
-            _play_sequentially(url, server, rollouts, turns=3)
+            _play_sequentially(url, server, rollouts, turns=3, route=route)
             traces[url] = [server.take_trace(POOL_JOB, rollout_id) for rollout_id in rollouts]
             assert server.counters(POOL_JOB).calls == 12
             server.close_job(POOL_JOB)
-    # Both workers served calls, so rollouts crossed workers; the state process numbered and
-    # recorded every call as one gateway does: same seeds per call, same tokens, same logprobs.
-    assert all(calls > 0 for calls in gateway_pool.calls_by_worker()), gateway_pool.calls_by_worker()
+    # The state process numbered and recorded every call as one gateway does: same seeds per call,
+    # same tokens, same logprobs.
+    assert [n - m for n, m in zip(gateway_pool.calls_by_worker(), served_before, strict=True)] == [6, 6]
     one, two = traces.values()
     for expected, got in zip(one, two, strict=True):
         assert [c.index for c in got.calls] == [0, 1, 2]
