@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -128,6 +130,11 @@ def test_a_replica_killed_mid_call_fails_over_and_comes_back_with_the_adapter(
     for rollout in rollouts:
         server.open_rollout(JOB, rollout)
     deaths, failovers = engine.events.deaths, engine.events.failovers
+    # Replica 0 frozen (SIGSTOP) before the calls, so the ones sent to it are still in flight when it
+    # is killed: the tiny model answers faster than a kill lands, and on a loaded machine a replica
+    # killed once busy had sometimes answered every call first.
+    pid = ray.get(engine.replicas[0].__ray_call__.remote(lambda _: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
 
     async def kill_when_busy() -> None:
         while engine.router.outstanding[0] == 0:
