@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import (
-    Field,
-)
+from typing import Literal
+
+from pydantic import Field
 
 from trainer.config.common import DeviceName, TorchDtype, _Section
 
@@ -35,4 +35,20 @@ class LearnerConfig(_Section):
         description="Completion tokens per output-head chunk when computing token logprobs: the "
         "[tokens, vocabulary] float32 logits exist one chunk at a time (and are recomputed in the "
         "backward pass), never for the whole micro-batch.",
+    )
+    processes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Learner processes on this node without Ray, one device each, joined in one "
+        "torch.distributed group (NCCL on GPUs, gloo on CPU); a step's micro-batches are dealt out "
+        "among them. Unset: what the plan chooses (one on CPU; on GPUs, the learner's GPUs of the "
+        "placement). With a ray section, ray.learner_workers says it instead.",
+    )
+    shard: Literal["auto", "off", "fsdp"] = Field(
+        default="auto",
+        description="Whether the learner's processes shard the frozen base model and the LoRA "
+        "parameters with torch FSDP2 (fully_shard: each process holds a shard, forward and backward "
+        "gather one decoder layer at a time): 'fsdp' always, 'off' never (each process holds the whole "
+        "model: plain data parallel), 'auto' when the learner has several processes and the model does "
+        "not fit one device beside its update, as `rft plan` counts it.",
     )

@@ -56,6 +56,13 @@ class Placement:
     vllm_devices: list[int]
     vllm_tensor_parallel: int = 1  # GPUs each vLLM replica spans
     vllm_data_parallel: int = 1  # vLLM replicas (--data-parallel-size) over vllm_devices
+    # One device per learner process (learner.processes); empty: one process on learner_device.
+    learner_devices: tuple[str, ...] = ()
+
+    @property
+    def learner_process_devices(self) -> tuple[str, ...]:
+        """The device of each learner process, rank order (rank 0 on ``learner_device``)."""
+        return self.learner_devices or (self.learner_device,)
 
     @property
     def learner_gpu(self) -> int | None:
