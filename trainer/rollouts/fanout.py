@@ -45,8 +45,10 @@ from handlers import (
     is_runtime_arn,
     read_answer,
     runtime_session_id,
+    unreachable,
 )
 from trainer.config import RewardAggregation, TrainConfig
+from trainer.errors import TrainingError
 from trainer.rollouts.outcomes import RolloutOutcome, aggregate_rewards
 
 
@@ -370,3 +372,18 @@ class Fanout:
         if answer.retryable:
             raise _Retryable(f"{answer.error} from {arn}")
         return answer
+
+
+def check_agents_listen(targets: Sequence[str]) -> None:
+    """Refuse a run whose agent URLs nothing listens at, before a model loads: every rollout would
+    fail after the load, and the agents' logs (which a user would be sent to) hold nothing.
+
+    :class:`TrainingError` names each such URL (:func:`handlers.agent_client.unreachable`); AgentCore
+    ARNs are not probed.
+    """
+    problems = [problem for target in targets if (problem := unreachable(target)) is not None]
+    if problems:
+        raise TrainingError(
+            f"{'; '.join(problems)}: start the agent there (its main.py serves port 8080) or correct "
+            "the config's agents; checked before the model loads"
+        )
