@@ -71,6 +71,12 @@ HEALTHY_SENTENCE = (
 NOT_STARTING_SENTENCE = (
     "the server is not starting: is app.run() called, is the entrypoint outermost, is the port 8080?"
 )
+# Without --model every model call is refused, so the agent never plays: said in every such report.
+NO_EPISODE_PLAYED = (
+    "the agent's play: no episode was played (every model call was answered 400), so tools or a reward "
+    "that fail once the model answers pass here; --model DIR plays real episodes against a local model "
+    "(`rft model tiny DIR` builds one)"
+)
 ACCESS_DENIED_SENTENCE = "access denied (403): the ARN or key belongs to another account or job"
 # What botocore-based signers (AWS's sagemaker-train SDK) say when the agent's environment has no keys.
 NO_CREDENTIALS_MARKER = "No AWS credentials found"
