@@ -70,30 +70,28 @@ def worker_devices(config: TrainConfig, nodes: Sequence[Mapping[str, float]]) ->
     )
 
 
-def _amount(value: float) -> str:
-    return f"{value:g}"
-
-
 def start_timeout_message(
     config: TrainConfig, chosen: WorkerDevices, nodes: Sequence[Mapping[str, float]], waiting: int
 ) -> str:
     """The sentence when ``waiting`` of the learner workers did not start in time: what each asked
     for, what the cluster's alive ``nodes`` have, and what to change."""
+    from policy_server.engines.ray import asked_and_had
+
     settings = config.ray
     assert settings is not None
     workers = settings.learner_workers
     asked = {"CPU": settings.learner_num_cpus, "GPU": float(chosen.gpus_each), **settings.learner_resources}
     asked = {name: amount for name, amount in asked.items() if amount > 0}
-    has = ", ".join(f"{_amount(sum(node.get(name, 0.0) for node in nodes))} {name}" for name in asked)
+    totals = {name: sum(node.get(name, 0.0) for node in nodes) for name in asked}
+    each, has = asked_and_had(asked, totals)
     room = sum(
         int(min((node.get(name, 0.0) / amount for name, amount in asked.items()), default=workers))
         for node in nodes
     )
     said = (
         f"the Ray learner's {workers} worker(s) did not all start within "
-        f"{_amount(settings.learner_start_timeout_s)} s (ray.learner_start_timeout_s): {waiting} still "
-        f"waiting. Each asks for {', '.join(f'{_amount(v)} {k}' for k, v in asked.items()) or 'nothing'}; "
-        f"the cluster's alive nodes have {has or 'no resources'} in all, room for {room} such worker(s)"
+        f"{settings.learner_start_timeout_s:g} s (ray.learner_start_timeout_s): {waiting} still waiting. "
+        f"Each asks for {each}; the cluster's alive nodes have {has} in all, room for {room} such worker(s)"
     )
     if room < workers:
         cpu = ", or set learner.device: cpu" if chosen.gpus_each else ""

@@ -32,6 +32,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_server.engines.adapter_files import read_adapter
 from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
 from policy_server.engines.ray.replica import MissingAdapter, Replica
+from policy_server.engines.ray.resources import asked_and_had
 from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,14 @@ class RayEngine:
                 asyncio.gather(*(replica.ready.remote() for replica in self.replicas)), timeout=timeout_s
             )
         except TimeoutError:
-            asked = {key: value for key, value in self._options.items() if key != "max_restarts"}
+            options = self._options
+            asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+            each, has = asked_and_had(asked, ray.cluster_resources())
             raise RuntimeError(
                 f"the {self.replica_count} inference replicas did not all start within {timeout_s:g} s "
-                f"({setting}): each asks for {asked}, the cluster has {ray.cluster_resources()} in all "
-                "(`ray status` shows what is free); lower ray.inference_replicas or what each asks for, "
-                f"or raise {setting} if the engine needs longer to start"
+                f"({setting}): each asks for {each}; the cluster has {has} in all (`ray status` shows "
+                "what is free): lower ray.inference_replicas or what each asks for, or raise "
+                f"{setting} if the engine needs longer to start"
             ) from None
         self.live = set(range(self.replica_count))
         tokens = await asyncio.gather(*(replica.image_token_id.remote() for replica in self.replicas))
