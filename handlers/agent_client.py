@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from handlers.protocol import ResultStatus
 
@@ -66,7 +67,8 @@ def invocations_url(target: str) -> str:
 
 def unreachable(target: str, *, timeout_s: float = 5.0) -> str | None:
     """Why nothing can be connected to at the agent URL ``target`` (nothing listens there, its host is
-    unknown or out of reach), in a sentence; None when a connection opens, and for AgentCore ARNs.
+    unknown or out of reach), in a sentence; None when a connection opens, for AgentCore ARNs, and
+    for a URL the environment sends through a proxy.
 
     A TCP connect only: whether the server there is the agent, and answers, is for the calls to show.
     """
@@ -74,6 +76,8 @@ def unreachable(target: str, *, timeout_s: float = 5.0) -> str | None:
         return None
     url = urlsplit(target)
     host = url.hostname or ""
+    if getproxies().get(url.scheme) and not proxy_bypass(host):
+        return None  # reached through a proxy (as httpx's calls are): a direct connect proves nothing
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

@@ -46,3 +46,15 @@ def test_a_listening_url_and_an_arn_pass_the_probe() -> None:
         listener.listen()
         assert unreachable(f"http://127.0.0.1:{listener.getsockname()[1]}") is None
     assert unreachable("arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent") is None
+
+
+def test_a_url_reached_through_a_proxy_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fan-out's httpx goes through the environment's proxy: a direct connect would refuse a run
+    # whose agents the proxy reaches.
+    url = _closed_port_url()
+    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert unreachable(url) is None
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    assert unreachable(url) == f"nothing listens at {url} (connection refused)"
