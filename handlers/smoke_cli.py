@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANNOT_RUN
     if args.payload is None:
         report = with_payload_hint(report, source)
-    if args.model is None and report.outcome in (Outcome.HEALTHY, Outcome.PARTIAL):
+    played_here = not is_runtime_arn(args.target)  # --model plays against URL targets only
+    if args.model is None and played_here and report.outcome in (Outcome.HEALTHY, Outcome.PARTIAL):
         report.unverified.append(NO_EPISODE_PLAYED)
     print(report.render())
     if args.model is None:
