@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from handlers import unreachable
 from handlers.cli import main as rft
+from trainer.rollouts import fanout
 
 
 def _closed_port_url() -> str:
@@ -21,8 +23,9 @@ def _closed_port_url() -> str:
 
 @pytest.mark.parametrize("command", [["train"], ["eval", "--base"]])
 def test_nothing_listening_at_an_agent_url_stops_the_run_before_the_model_loads(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: list[str]
 ) -> None:
+    monkeypatch.setattr(fanout, "AGENT_START_GRACE_S", 1.0)  # the agent's start is waited for 1 s here
     url = _closed_port_url()
     (tmp_path / "rows.jsonl").write_text('{"prompt": "a"}\n')
     config = {
@@ -35,7 +38,7 @@ def test_nothing_listening_at_an_agent_url_stops_the_run_before_the_model_loads(
     code = rft([command[0], str(tmp_path / "train.yaml"), *command[1:]])
     err = capsys.readouterr().err
     assert code in (1, 2), err
-    assert f"nothing listens at {url} (connection refused): start the agent there" in err
+    assert f"nothing listens at {url} (connection refused), for 1 s: start the agent there" in err
     assert "checked before the model loads" in err
     assert not (tmp_path / "run" / "tiny-model").exists()  # the run's model (unset: a tiny one) never built
 
@@ -58,3 +61,22 @@ def test_a_url_reached_through_a_proxy_is_not_probed(monkeypatch: pytest.MonkeyP
     assert unreachable(url) is None
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     assert unreachable(url) == f"nothing listens at {url} (connection refused)"
+
+
+def test_an_agent_that_starts_listening_within_the_grace_is_waited_for() -> None:
+    url = _closed_port_url()
+    port = int(url.rsplit(":", 1)[1])
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def start_agent() -> None:  # an agent whose process takes a moment to bind its port
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    late = threading.Timer(0.5, start_agent)
+    late.start()
+    try:
+        fanout.check_agents_listen([url], grace_s=30)
+    finally:
+        late.join()
+        listener.close()
