@@ -14,7 +14,7 @@ from trainer.engine import model_dir
 from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import PlayedEvaluation, evaluate_policy
 from trainer.run import read_eval_rows
-from trainer.scale.plan import preflight
+from trainer.scale.choices import preflight
 from trainer.session import Session, build_engine
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def evaluate_policies(
     is seeded per rollout, so an adapter samples here as it did in the run that trained it.
     """
     base_model = model_dir(config, config.output_dir)
-    placement = preflight(config, base_model)
+    config, placement = preflight(config, base_model)  # with the plan's choices (vLLM's share, dtype)
     from trainer.scale.ray_cluster import ray_cluster
 
     with ray_cluster(config.ray):

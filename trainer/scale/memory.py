@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.scale.hybrid import LinearAttention, linear_layer_count
+from trainer.scale.quantization import Quantization
 
 GB = 1e9
+# Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
+CUDA_OVERHEAD_BYTES = int(1.0 * GB)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The LoRA projections a peft "all-linear" adapter wraps in these layouts (the output head excluded).
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -90,6 +93,11 @@ class ModelShape:
     gated_attention: bool = False  # q_proj also outputs a gate (2 x heads x head_dim), q/k norms
     linear: LinearAttention | None = None  # the linear-attention layers' sizes (hybrid models)
     linear_layers: int = 0  # how many of ``layers`` are linear attention; the rest full attention
+    sliding_layers: int = 0  # how many full-attention layers attend to the last ``sliding_window`` only
+    sliding_window: int = 0
+    global_kv_heads: int = 0  # the global (not sliding) layers' own KV heads and head size, where the
+    global_head_dim: int = 0  # config gives them apart (Gemma 4); 0: as every layer's
+    quantization: Quantization | None = None  # how the checkpoint stores its weights (what vLLM serves)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], eager_attention: bool = False) -> ModelShape:
@@ -108,6 +116,7 @@ class ModelShape:
         linear_layers = linear_layer_count(text, found.full_attention_interval if found else None, layers)
         linear = LinearAttention.from_config(lambda name: int(_first(text, name))) if linear_layers else None
         shared = int(_first(text, "shared_expert_intermediate_size", default=0)) if experts else 0
+        sliding = sum(kind == "sliding_attention" for kind in text.get("layer_types") or ())
         return cls(
             hidden=hidden,
             layers=layers,
@@ -129,6 +138,11 @@ class ModelShape:
             gated_attention=found is not None and found.gated_attention,
             linear=linear,
             linear_layers=linear_layers,
+            sliding_layers=sliding if text.get("sliding_window") else 0,
+            sliding_window=int(text.get("sliding_window") or 0) if sliding else 0,
+            global_kv_heads=int(text.get("num_global_key_value_heads") or 0),
+            global_head_dim=int(text.get("global_head_dim") or 0),
+            quantization=Quantization.from_config(config),
         )
 
     @classmethod
@@ -251,22 +265,6 @@ class ModelShape:
             AdaptedStack(name, *shapes[name][:2], rank=ranks[name], experts=shapes[name][2]) for name in ranks
         ]
 
-    def expert_lora_bytes(
-        self,
-        rank: int,
-        targets: Iterable[str] | str,
-        target_parameters: Sequence[str],
-        dtype_bytes: int,
-        checkpointing: bool,
-    ) -> int:
-        """What LoRA on stacked parameters keeps in the update: peft rebuilds each adapted stack in
-        full (W + BA, in the model's dtype) on every forward, and the backward keeps it; each layer
-        keeps its own (with checkpointing, only the layer being recomputed), and the backward holds
-        one layer's stacks' gradient besides."""
-        stacks = self.adapted_experts(rank, targets, target_parameters)
-        per_layer = sum(stack.weights for stack in stacks) * dtype_bytes
-        return per_layer * ((1 if checkpointing else self.layers) + 1)
-
     def eager_attention_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
         """Eager attention's [rows, heads, T, T] scores of one micro-batch of ``tokens`` tokens, at
         their largest: rows of the longest length T the model takes (at most ``tokens``). Each layer
@@ -324,40 +322,18 @@ class ModelShape:
             return tokens * max(per_layer for _, per_layer in kept)
         return tokens * sum(count * per_layer for count, per_layer in kept)
 
-    def update_extras(
-        self,
-        tokens: int,
-        rank: int,
-        targets: Iterable[str] | str,
-        target_parameters: Sequence[str],
-        dtype_bytes: int,
-        checkpointing: bool,
-    ) -> list[tuple[str, int]]:
-        """What the update holds besides :meth:`activation_bytes` where LoRA adapts stacked
-        parameters or the family trains with eager attention: (label, bytes) for the plan."""
-        extras = []
-        stacks = self.adapted_experts(rank, targets, target_parameters)
-        if stacks:
-            names = ", ".join(stack.name for stack in stacks)
-            extras.append(
-                (
-                    f"stacks rebuilt with LoRA for the backward ({names})",
-                    self.expert_lora_bytes(rank, targets, target_parameters, dtype_bytes, checkpointing),
-                )
-            )
-        if self.eager_attention:
-            extras.append(
-                (
-                    f"eager attention scores ([rows, {self.heads} heads, T, T] per layer)",
-                    self.eager_attention_bytes(tokens, dtype_bytes, checkpointing),
-                )
-            )
-        return extras
-
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token takes across the full-attention layers (all of them but a hybrid
-        model's linear ones, which keep :meth:`state_bytes_per_sequence` instead)."""
-        return 2 * self.full_layers * self.kv_heads * self.head_dim * dtype_bytes
+        model's linear ones, which keep :meth:`state_bytes_per_sequence` instead), sliding-window
+        layers included as if they kept every token (:meth:`kv_bytes` caps them at their window)."""
+        return self.kv_bytes(1, dtype_bytes)
+
+    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """The KV cache of one sequence of ``tokens`` tokens: a sliding-window layer holds its window
+        at most; a global layer every token, in its own heads where the config gives them apart."""
+        sliding = self.sliding_layers * 2 * self.kv_heads * self.head_dim * min(tokens, self.sliding_window)
+        width = (self.global_kv_heads or self.kv_heads) * (self.global_head_dim or self.head_dim)
+        return (sliding + (self.full_layers - self.sliding_layers) * 2 * width * tokens) * dtype_bytes
 
     def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
         """The conv and recurrent states one sequence keeps across a hybrid model's linear-attention
