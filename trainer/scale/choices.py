@@ -149,7 +149,7 @@ def _with_share(
         return config, []
     need = vllm_need(config, shape, placement.vllm_tensor_parallel)
     share = derived_utilization(need, min(known), kv_fraction)
-    kv = share * min(known) - need.least + need.minimum_kv
+    kv = max(share * min(known) - need.least + need.minimum_kv, 0)
     reason = (
         f"vllm.gpu_memory_utilization: {share:g}, what vLLM needs on each of its GPUs of "
         f"{min(known) / GB:.0f} GB: "

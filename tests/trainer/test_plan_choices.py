@@ -1,0 +1,123 @@
+"""`rft plan` counts what runs (vLLM's quantized weights, its KV cache with sliding windows) and chooses
+the settings that make a config fit (trainer.scale.choices), the same for `rft train`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from handlers.cli import main as rft
+from trainer.config import load_config
+from trainer.scale.choices import resolve
+from trainer.scale.memory import GB, ModelShape
+from trainer.scale.placement import Gpu, Node
+from trainer.scale.plan import PlanError, shape_for
+from trainer.scale.vllm_memory import weight_bytes
+
+CONFIGS = Path(__file__).parent / "model_configs"
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+def _config_file(tmp_path: Path, model: str, config_json: dict | None = None, **fields: object) -> Path:
+    model_dir = tmp_path / model
+    model_dir.mkdir(exist_ok=True)
+    if config_json is None:
+        shutil.copy(CONFIGS / f"{model}.json", model_dir / "config.json")
+    else:
+        (model_dir / "config.json").write_text(json.dumps(config_json))
+    path = tmp_path / f"{model}.yaml"
+    path.write_text(yaml.safe_dump({"model": str(model_dir), "engine": "vllm", **fields}))
+    return path
+
+
+def _node(count: int, memory_gb: float) -> Node:
+    return Node([Gpu(index, int(memory_gb * GB)) for index in range(count)], present=True)
+
+
+def test_gpt_oss_20b_fits_one_80_gb_gpu_with_vllm_serving_mxfp4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _config_file(
+        tmp_path,
+        "gpt-oss-20b",
+        placement={"num_gpus": 1, "gpu_memory_gb": 80},
+        lora={"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "target_parameters": EXPERTS},
+    )
+    assert rft(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    weights = re.search(r"vLLM weights \(mxfp4, 4\.25 bits, the rest bfloat16\)\s+([\d.]+) GB", out)
+    assert weights and 12 < float(weights.group(1)) < 16, out
+    assert "peak" in out and "DOES NOT FIT" not in out
+    chosen = [line for line in out.splitlines() if line.startswith("chosen: ")]
+    assert any(line.startswith("chosen: vllm.gpu_memory_utilization: 0.") for line in chosen), out
+    assert any("vllm.enable_sleep_mode: true" in line for line in chosen), out
+
+
+def test_llama_70b_on_8_gpus_shards_the_learner_over_gpus_of_its_own(tmp_path: Path) -> None:
+    config = load_config(
+        _config_file(tmp_path, "llama-3.3-70b", placement={"num_gpus": 8, "gpu_memory_gb": 80})
+    )
+    resolved = resolve(config, shape_for(config.model), _node(8, 80))
+    plan, placement = resolved.plan, resolved.plan.placement
+    assert plan.fits and plan.shards == 4
+    assert placement.learner_devices == ("cuda:4", "cuda:5", "cuda:6", "cuda:7")
+    assert placement.vllm_devices == [0, 1, 2, 3] and placement.vllm_tensor_parallel == 4
+    assert (resolved.config.learner.processes, resolved.config.learner.shard) == (4, "fsdp")
+    learner = next(device for device in plan.devices if device.device == "cuda:4")
+    shard = next(item for item in learner.items if "FSDP2 shard" in item.label)
+    assert shard.bytes == plan.shape.parameters() * 2 // 4
+    assert plan.work is not None and all(
+        gpu.sampling != "idle" or gpu.update != "idle" for gpu in plan.work.gpus
+    )
+    assert any("sharded with FSDP2 over cuda:4, cuda:5, cuda:6, cuda:7" in line for line in plan.choices)
+
+
+def test_a_users_setting_wins_over_the_plans_choice(tmp_path: Path) -> None:
+    path = _config_file(
+        tmp_path,
+        "qwen2.5-7b",
+        placement={"num_gpus": 1, "gpu_memory_gb": 80},
+        vllm={"gpu_memory_utilization": 0.4},
+        learner={"gradient_checkpointing": False},
+    )
+    config = load_config(path)
+    resolved = resolve(config, shape_for(config.model), _node(1, 80))
+    assert resolved.config.vllm.gpu_memory_utilization == 0.4
+    assert resolved.config.learner.gradient_checkpointing is False
+    unset = load_config(path, ["learner.gradient_checkpointing=true"])
+    derived = resolve(
+        unset.model_copy(update={"vllm": type(unset.vllm)()}), shape_for(config.model), _node(1, 80)
+    )
+    assert derived.config.vllm.gpu_memory_utilization != 0.9
+    assert "gpu_memory_utilization" not in derived.config.vllm.model_fields_set  # chosen, not set
+
+
+def test_vllm_follows_the_learners_dtype_or_the_differing_pair_is_refused(tmp_path: Path) -> None:
+    fp16 = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "torch_dtype": "float16"}
+    path = _config_file(tmp_path, "qwen2.5-7b", fp16, placement={"num_gpus": 2, "gpu_memory_gb": 80})
+    config = load_config(path)
+    resolved = resolve(config, shape_for(config.model), _node(2, 80))
+    assert resolved.config.vllm.dtype == "bfloat16" and resolved.plan.serving_dtype == "bfloat16"
+    assert any(line.startswith("vllm.dtype: bfloat16, the learner's dtype") for line in resolved.plan.choices)
+    both = load_config(path, ["vllm.dtype=float16", "learner.dtype=bfloat16"])
+    with pytest.raises(PlanError, match="vllm.dtype is float16 but learner.dtype is bfloat16"):
+        resolve(both, shape_for(config.model), _node(2, 80))
+
+
+def test_vllm_weights_follow_the_quantization_and_sliding_layers_hold_their_window() -> None:
+    config = json.loads((CONFIGS / "gpt-oss-20b.json").read_text())
+    shape = ModelShape.from_config(config)
+    plain = ModelShape.from_config(
+        {key: value for key, value in config.items() if key != "quantization_config"}
+    )
+    # The experts at 4.25 bits, attention, router, embeddings and head in bf16.
+    experts = 24 * 32 * 3 * 2880 * 2880
+    assert weight_bytes(plain, 2) - weight_bytes(shape, 2) == pytest.approx(experts * (2 - 4.25 / 8), abs=1e4)
+    assert weight_bytes(shape, 2) < 16 * GB
+    per_layer = 2 * 8 * 64 * 2  # k and v, 8 heads of 64, bf16
+    assert shape.kv_bytes(8192, 2) == 12 * per_layer * 8192 + 12 * per_layer * 128
