@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ import yaml
 
 from handlers.cli import main as rft
 from trainer.config import load_config
-from trainer.scale.choices import resolve
+from trainer.engine import local_engine
+from trainer.scale.choices import preflight, resolve
+from trainer.scale.learner_memory import update_extras
 from trainer.scale.memory import GB, ModelShape
 from trainer.scale.placement import Gpu, Node
 from trainer.scale.plan import PlanError, shape_for
@@ -121,3 +124,30 @@ def test_vllm_weights_follow_the_quantization_and_sliding_layers_hold_their_wind
     assert weight_bytes(shape, 2) < 16 * GB
     per_layer = 2 * 8 * 64 * 2  # k and v, 8 heads of 64, bf16
     assert shape.kv_bytes(8192, 2) == 12 * per_layer * 8192 + 12 * per_layer * 128
+
+
+def test_a_block_wise_training_attention_counts_one_layers_block_scores_not_t_by_t() -> None:
+    config = json.loads((CONFIGS / "gpt-oss-20b.json").read_text())
+    eager = ModelShape.from_config(config, eager_attention=True)
+    blocks = ModelShape.from_config(config, attention_block=128)
+    tokens, heads = 8192, 64
+    assert blocks.attention_block_bytes(tokens) == 4 * tokens * heads * 128 * 4  # 1.07 GB at 8k tokens
+    labels = [label for label, _ in update_extras(blocks, tokens, 16, ["q_proj"], [], 2, True)]
+    assert labels == ["attention's working scores (one layer, blocks of 128 queries, float32)"]
+    eager_extras = dict(update_extras(eager, tokens, 16, ["q_proj"], [], 2, True))
+    assert eager_extras["eager attention scores ([rows, 64 heads, T, T] per layer)"] > 20 * GB
+
+
+def test_rft_train_applies_the_plans_choices_down_to_vllms_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _config_file(tmp_path, "llama-3-8b", vllm={"python": sys.executable})
+    config = load_config(path)
+    monkeypatch.setattr("trainer.scale.choices.detect_gpus", lambda: [Gpu(0, 80 * 10**9, "H100")])
+    resolved, placement = preflight(config, config.model)
+    planned = resolve(config, shape_for(config.model), _node(1, 80))
+    assert resolved.model_dump() == planned.config.model_dump()  # one function for both commands
+    assert resolved.vllm.gpu_memory_utilization != config.vllm.gpu_memory_utilization
+    command = local_engine(resolved, Path(config.model), placement).command(8000)  # type: ignore[attr-defined]
+    assert command[command.index("--gpu-memory-utilization") + 1] == str(resolved.vllm.gpu_memory_utilization)
+    assert ("--enable-sleep-mode" in command) == resolved.vllm.enable_sleep_mode

@@ -92,7 +92,8 @@ def _dtype_pair(config: TrainConfig, shape: ModelShape, node: Node) -> tuple[dic
 def _layouts(config: TrainConfig, node: Node) -> list[dict[str, Any]]:
     """The learner's layouts to try, fewest processes first."""
     learner = config.learner
-    if config.ray is not None or not node.gpus or learner.device not in ("auto", "cuda"):
+    # A device the user named is the learner's one process; Ray places its own learner workers.
+    if config.ray is not None or not node.gpus or learner.device != "auto":
         return [{}]
     if _set(learner, "processes"):
         unsharded = {} if learner.shard == "fsdp" else {"learner.shard": "off"}
@@ -162,21 +163,30 @@ def _with_share(
 
 def resolve(config: TrainConfig, shape: ModelShape, node: Node) -> Resolved:
     """The config with the first choices (in the module's order) that make it fit, and its plan with
-    the reasons; where none does, the config with its derived share only (its plan does not fit)."""
+    the reasons; where none does, the candidate that comes closest (the least memory over its
+    devices' capacity), whose plan says by how much."""
     pair, reasons = _dtype_pair(config, shape, node)
     base = changed(config, pair) if pair else config
+    closest: tuple[float, Resolved] | None = None
     for layout in _layouts(base, node):
         for levers in _levers(base, node, shape, layout):
             for fraction in KV_FRACTIONS:
                 trial, share = _with_share(changed(base, {**layout, **levers}), shape, node, fraction)
                 plan = make_plan(trial, shape, node)
+                plan.choices = reasons + _said(base, plan, {**layout, **levers}) + share
                 if plan.fits:
-                    plan.choices = reasons + _said(base, plan, {**layout, **levers}) + share
                     return Resolved(trial, plan)
-    trial, share = _with_share(base, shape, node)
-    plan = make_plan(trial, shape, node)
-    plan.choices = reasons + share
-    return Resolved(trial, plan)
+                if closest is None or _overflow(plan) < closest[0]:
+                    closest = (_overflow(plan), Resolved(trial, plan))
+    assert closest is not None  # every config has at least its own layout and no lever
+    return closest[1]
+
+
+def _overflow(plan: Plan) -> float:
+    """How far a plan is from fitting: the bytes its devices' peaks exceed their memory by, a problem
+    (a vLLM share too small) counting as a GPU's worth."""
+    over = sum(max(d.peak[0] - d.capacity, 0) for d in plan.devices if d.capacity is not None)
+    return over + len(plan.problems) * max((d.capacity or 0 for d in plan.devices), default=0)
 
 
 def _said(config: TrainConfig, plan: Plan, changes: dict[str, Any]) -> list[str]:

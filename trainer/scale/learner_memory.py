@@ -120,15 +120,18 @@ def update_extras(
     checkpointing: bool,
 ) -> list[tuple[str, int]]:
     """What the update holds besides :meth:`ModelShape.activation_bytes` where LoRA adapts stacked
-    parameters or the family trains with eager attention (the only attention that keeps [T, T]
-    scores; a fused or memory-efficient one keeps a few rows of them, counted as nothing): (label,
-    bytes) for the plan."""
+    parameters, or the family trains with eager attention (the only one that keeps [T, T] scores) or a
+    block-wise one (a block's scores, one layer at a time; a fused kernel's few rows count as
+    nothing): (label, bytes) for the plan."""
     extras = []
     stacks = shape.adapted_experts(rank, targets, target_parameters)
     if stacks:
         names = ", ".join(stack.name for stack in stacks)
         size = expert_lora_bytes(shape, rank, targets, target_parameters, dtype_bytes, checkpointing)
         extras.append((f"stacks rebuilt with LoRA for the backward ({names})", size))
+    if shape.attention_block:
+        label = f"attention's working scores (one layer, blocks of {shape.attention_block} queries, float32)"
+        extras.append((label, shape.attention_block_bytes(tokens)))
     if shape.eager_attention:
         extras.append(
             (

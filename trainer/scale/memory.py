@@ -30,6 +30,11 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Each trained LoRA parameter: its float32 value, gradient and AdamW's two moments.
 LORA_TRAINING_BYTES = 16
+# Training attentions that compute the softmax a block of queries at a time (never a whole [T, T]),
+# by their attn_implementation name, with their block's queries: rftkit's chunked attention
+# (policy_server/models/chunked_attention.py, QUERY_CHUNK). What their working scores take is
+# :meth:`ModelShape.attention_block_bytes`.
+BLOCKWISE_ATTENTION = {"rftkit_chunked": 128}
 # Model types whose experts peft (0.21, on transformers 5) adapts from target_modules, as it did when
 # they were nn.Linear modules in transformers 4: the fused gate_up stack at twice the rank, the
 # down stack, and the router's weight under 'all-linear'.
@@ -89,6 +94,7 @@ class ModelShape:
     max_positions: int = 0  # the model's own context length; 0: not said
     model_type: str = ""  # config.json's model_type
     eager_attention: bool = False  # the family trains with eager attention ([T, T] scores kept)
+    attention_block: int = 0  # queries per block of a block-wise training attention; 0: none
     shared_expert_intermediate: int = 0  # a shared expert's width beside the routed experts; 0: none
     gated_attention: bool = False  # q_proj also outputs a gate (2 x heads x head_dim), q/k norms
     linear: LinearAttention | None = None  # the linear-attention layers' sizes (hybrid models)
@@ -100,9 +106,12 @@ class ModelShape:
     quantization: Quantization | None = None  # how the checkpoint stores its weights (what vLLM serves)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], eager_attention: bool = False) -> ModelShape:
+    def from_config(
+        cls, config: dict[str, Any], eager_attention: bool = False, attention_block: int = 0
+    ) -> ModelShape:
         """Read the sizes from a transformers config.json (a VLM's ``text_config`` when present).
-        ``eager_attention``: the model's family trains with eager attention."""
+        ``eager_attention``: the model's family trains with eager attention; ``attention_block``: with
+        a block-wise attention of that many queries a block."""
         text = config.get("text_config") or config
         hidden = int(_first(text, "hidden_size", "n_embd", "d_model"))
         heads = int(_first(text, "num_attention_heads", "n_head"))
@@ -134,6 +143,7 @@ class ModelShape:
             max_positions=int(_first(text, "max_position_embeddings", "n_positions", default=0)),
             model_type=str(config.get("model_type", "")),
             eager_attention=eager_attention,
+            attention_block=attention_block,
             shared_expert_intermediate=shared,
             gated_attention=found is not None and found.gated_attention,
             linear=linear,
@@ -154,8 +164,12 @@ class ModelShape:
         if not path.is_file():
             raise ModelShapeError(f"{directory} has no config.json: the plan needs the model's sizes")
         family = family_of(directory)
-        eager = family is not None and family.train_attn_implementation == "eager"
-        return cls.from_config(json.loads(path.read_text(encoding="utf-8")), eager_attention=eager)
+        attention = family.train_attn_implementation if family is not None else None
+        return cls.from_config(
+            json.loads(path.read_text(encoding="utf-8")),
+            eager_attention=attention == "eager",
+            attention_block=BLOCKWISE_ATTENTION.get(attention or "", 0),
+        )
 
     @property
     def full_layers(self) -> int:
@@ -273,6 +287,13 @@ class ModelShape:
         longest = min(tokens, self.max_positions) if self.max_positions else tokens
         per_layer = tokens * self.heads * longest * dtype_bytes  # rows x heads x T x T, rows = tokens / T
         return per_layer * ((1 if checkpointing else self.layers) + 2)
+
+    def attention_block_bytes(self, tokens: int) -> int:
+        """A block-wise attention's working scores for a micro-batch of ``tokens`` tokens, one layer at
+        a time (each block is recomputed in the backward, nothing kept across layers): a block's
+        float32 scores are ``rows x heads x block x keys`` (keys at most T, rows x T = ``tokens``), and
+        its softmax and backward hold four of them (scores, probabilities and their gradients)."""
+        return 4 * tokens * self.heads * self.attention_block * 4 if self.attention_block else 0
 
     def adapted_modules(self, targets: Iterable[str] | str, linear: bool = False) -> list[tuple[int, int]]:
         """(in, out) features of each module of one full-attention layer (``linear``: linear-attention

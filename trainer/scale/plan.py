@@ -138,12 +138,16 @@ def _vllm_items(
             device.items.append(Item("vLLM asleep (its CUDA context)", CUDA_OVERHEAD_BYTES, "update"))
         if cache < need.minimum_kv:
             states = " and linear-attention states" if shape.linear_layers else ""
+            raise_share = (
+                "raise vllm.gpu_memory_utilization (or unset it: the plan derives it), "
+                if "gpu_memory_utilization" in vllm.model_fields_set
+                else ""
+            )
             problems.append(
                 f"vLLM's share of {device.device} ({share / GB:.1f} GB) cannot hold its weights, LoRA "
                 f"slots and one {need.max_model_len}-token sequence's KV cache{states} "
-                f"({(need.total - need.kv_cache + need.minimum_kv) / GB:.1f} GB): raise "
-                "vllm.gpu_memory_utilization (or unset it: the plan derives it), set a smaller "
-                "vllm.max_model_len, or raise vllm.tensor_parallel_size"
+                f"({need.least / GB:.1f} GB): {raise_share}set a smaller vllm.max_model_len, or raise "
+                "vllm.tensor_parallel_size"
             )
     return problems
 
@@ -201,7 +205,9 @@ def render(plan: Plan) -> str:
         verdict = "not checked" if device.capacity is None else "fits" if device.fits else "DOES NOT FIT"
         lines.append(f"  {'peak (' + phase + ')':<66} {peak / GB:8.2f} GB  {verdict}")
     lines += render_work(plan.work) if plan.work is not None else []
-    return "\n".join(lines + [f"chosen: {choice}" for choice in plan.choices])
+    # A plan that fits says what it chose; one that does not, what it tried (the closest candidate).
+    said = "chosen" if plan.fits else "tried"
+    return "\n".join(lines + [f"{said}: {choice}" for choice in plan.choices])
 
 
 def _learner_where(plan: Plan) -> str:
