@@ -1,15 +1,17 @@
 """The table of docs/placement.md: `rft plan`'s verdict for the seeds' models on three nodes, from their
 published config.json (tests/trainer/model_configs), engine vllm, everything else at its default, so
-the plan chooses what it may. Run: `python bench/plan_table.py` (prints Markdown rows)."""
+the plan chooses what it may; for a config that does not fit, the change the refusal suggests. Run:
+`python bench/plan_table.py` (prints Markdown rows)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from trainer.config import TrainConfig
-from trainer.scale.choices import resolve
+from trainer.scale.choices import advice, resolve
 from trainer.scale.memory import GB
 from trainer.scale.placement import Gpu, Node
 from trainer.scale.plan import shape_for
@@ -31,10 +33,14 @@ def row(name: str, directory: Path) -> str:
     for count, memory in NODES.values():
         config = TrainConfig.model_validate({"model": str(directory), "engine": "vllm"})
         node = Node([Gpu(index, int(memory * GB)) for index in range(count)], present=True)
-        plan = resolve(config, shape_for(directory), node).plan
+        resolved = resolve(config, shape_for(directory), node)
+        plan = resolved.plan
         peak = max(device.peak[0] for device in plan.devices) / GB
         chosen = "; ".join(choice.split(" (")[0].split(",")[0] for choice in plan.choices) or "nothing"
-        verdict = "fits" if plan.fits else "does not fit"
+        verdict = "fits"
+        if not plan.fits:
+            suggested = re.search(r"it fits with (\S+)", advice(resolved.config, plan))
+            verdict = "does not fit" + (f" (fits with {suggested.group(1)})" if suggested else "")
         cells.append(f"{verdict}, peak {peak:.1f} GB; {chosen}")
     return "| " + " | ".join(cells) + " |"
 

@@ -20,6 +20,9 @@ PUBLISHED = {
     "llama-3-8b": 8.03e9,
     "qwen3-8b": 8.2e9,
     "gpt-oss-20b": 20.9e9,
+    "llama-3.3-70b": 70.6e9,
+    "gemma-4-31b": 30.7e9,  # the text model; global layers of head size 512, keys reused as values
+    "qwen3-vl-8b": 8.19e9,  # the text model (the vision tower is not counted)
 }
 
 
@@ -57,3 +60,17 @@ def test_a_config_without_sizes_is_refused() -> None:
 
     with pytest.raises(ModelShapeError, match="hidden_size"):
         ModelShape.from_config({"vocab_size": 10})
+
+
+def test_gemma_4_31b_global_layers_are_counted_as_transformers_builds_them() -> None:
+    from transformers import AutoModelForCausalLM, Gemma4TextConfig
+
+    config = json.loads((CONFIGS / "gemma-4-31b.json").read_text())
+    text = {key: value for key, value in config["text_config"].items() if key != "model_type"}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(Gemma4TextConfig(**text))
+    built = sum(param.numel() for param in model.parameters())
+    shape = ModelShape.from_config(config)
+    assert (shape.global_layers, shape.sliding_layers, shape.sliding_window) == (10, 50, 1024)
+    # Up to the q/k norms' few weights per layer (0.7 M of 30.7 B).
+    assert shape.parameters() == pytest.approx(built, rel=1e-4)

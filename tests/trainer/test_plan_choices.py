@@ -151,3 +151,16 @@ def test_rft_train_applies_the_plans_choices_down_to_vllms_command_line(
     command = local_engine(resolved, Path(config.model), placement).command(8000)  # type: ignore[attr-defined]
     assert command[command.index("--gpu-memory-utilization") + 1] == str(resolved.vllm.gpu_memory_utilization)
     assert ("--enable-sleep-mode" in command) == resolved.vllm.enable_sleep_mode
+
+
+def test_where_only_a_shorter_context_fits_the_refusal_suggests_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Gemma 4 31B on one 141 GB GPU: the learner's and vLLM's bf16 weights, and vLLM must hold one
+    # sequence of the model's own 262,144 tokens (21 GB in its 10 global layers).
+    path = _config_file(tmp_path, "gemma-4-31b", placement={"num_gpus": 1, "gpu_memory_gb": 141})
+    assert rft(["plan", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "it fits with vllm.max_model_len=32768" in captured.err
+    assert "tried: learner.gradient_checkpointing: true" in captured.out
+    assert rft(["plan", str(path), "vllm.max_model_len=32768"]) == 0

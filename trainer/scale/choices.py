@@ -31,6 +31,9 @@ from trainer.scale.vllm_memory import derived_utilization, serving_dtype, vllm_n
 log = logging.getLogger(__name__)
 # The smallest micro-batch the plan halves down to.
 FEWEST_TOKENS = 1024
+# The context the advice tries for vLLM where the model's own is longer: the plan does not choose it
+# (calls past it would be refused), it suggests it.
+SHORTER_CONTEXT = 32768
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,8 @@ def advice(config: TrainConfig, plan: Plan) -> str:
 
 
 def _user_levers(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
-    """Changes to what the user set that the plan may not choose itself, one at a time."""
+    """Changes the plan does not choose itself, one at a time: to what the user set, and a shorter
+    context for vLLM."""
     levers: list[dict[str, Any]] = []
     free = [gpu.index for gpu in plan.node.gpus if gpu.index not in plan.placement.vllm_devices]
     if plan.placement.shared_gpus and free and _set(config.learner, "device"):
@@ -238,6 +242,13 @@ def _user_levers(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
         and not config.vllm.enable_sleep_mode
     ):
         levers.append({"vllm.enable_sleep_mode": True})
+    if (
+        config.engine == "vllm"
+        and config.vllm.max_model_len is None
+        and plan.shape.max_positions > SHORTER_CONTEXT
+    ):
+        # vLLM holds one sequence of the model's own context at least; the run's calls may need less.
+        levers.append({"vllm.max_model_len": SHORTER_CONTEXT})
     if _set(config, "max_tokens_per_microbatch"):
         levers += [{"max_tokens_per_microbatch": config.max_tokens_per_microbatch // 2**n} for n in (1, 2, 3)]
     if _set(config.vllm, "gpu_memory_utilization") and plan.placement.shared_gpus:

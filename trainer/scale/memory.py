@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.scale.experts import PEFT_CONVERTED_EXPERTS, AdaptedStack
 from trainer.scale.hybrid import LinearAttention, linear_layer_count
 from trainer.scale.quantization import Quantization
 
@@ -35,10 +36,6 @@ LORA_TRAINING_BYTES = 16
 # (policy_server/models/chunked_attention.py, QUERY_CHUNK). What their working scores take is
 # :meth:`ModelShape.attention_block_bytes`.
 BLOCKWISE_ATTENTION = {"rftkit_chunked": 128}
-# Model types whose experts peft (0.21, on transformers 5) adapts from target_modules, as it did when
-# they were nn.Linear modules in transformers 4: the fused gate_up stack at twice the rank, the
-# down stack, and the router's weight under 'all-linear'.
-PEFT_CONVERTED_EXPERTS = ("qwen3_moe",)
 
 
 class ModelShapeError(ValueError):
@@ -52,27 +49,6 @@ def _first(config: dict[str, Any], *names: str, default: Any = None) -> Any:
     if default is None:
         raise ModelShapeError(f"config.json has none of {', '.join(names)}: cannot estimate the model's size")
     return default
-
-
-@dataclass(frozen=True)
-class AdaptedStack:
-    """A stacked parameter LoRA adapts as peft's ``target_parameters`` do (an expert stack, or a
-    router's weight): each of its ``experts`` matrices of (in, out) features gets rank-``rank`` factors."""
-
-    name: str
-    features_in: int
-    features_out: int
-    rank: int
-    experts: int
-
-    @property
-    def lora_parameters(self) -> int:
-        return self.rank * self.experts * (self.features_in + self.features_out)
-
-    @property
-    def weights(self) -> int:
-        """The stack's size: what peft rebuilds (W + BA) on each forward while it is adapted."""
-        return self.experts * self.features_in * self.features_out
 
 
 @dataclass(frozen=True)
@@ -103,6 +79,7 @@ class ModelShape:
     sliding_window: int = 0
     global_kv_heads: int = 0  # the global (not sliding) layers' own KV heads and head size, where the
     global_head_dim: int = 0  # config gives them apart (Gemma 4); 0: as every layer's
+    keys_as_values: bool = False  # the global layers reuse their keys as values (no v_proj)
     quantization: Quantization | None = None  # how the checkpoint stores its weights (what vLLM serves)
 
     @classmethod
@@ -152,6 +129,7 @@ class ModelShape:
             sliding_window=int(text.get("sliding_window") or 0) if sliding else 0,
             global_kv_heads=int(text.get("num_global_key_value_heads") or 0),
             global_head_dim=int(text.get("global_head_dim") or 0),
+            keys_as_values=bool(text.get("attention_k_eq_v")),
             quantization=Quantization.from_config(config),
         )
 
@@ -213,6 +191,19 @@ class ModelShape:
             attention += shapes["q_proj"][1] + 2 * shapes["k_proj"][1]
         return attention + (2 * self.head_dim if self.gated_attention else 0)
 
+    @property
+    def global_layers(self) -> int:
+        """The full-attention layers with heads of their own (Gemma 4's global layers), 0 where every
+        full-attention layer has the same."""
+        return self.full_layers - self.sliding_layers if self.global_head_dim or self.global_kv_heads else 0
+
+    def _global_attention_extra(self) -> int:
+        """What one global layer's q/k/v/o have beyond :meth:`_attention_parameters`."""
+        width = self.global_head_dim or self.head_dim
+        kv = (self.global_kv_heads or self.kv_heads) * width
+        own = 2 * self.hidden * self.heads * width + self.hidden * kv * (1 if self.keys_as_values else 2)
+        return own - self._attention_parameters()
+
     def parameters(self) -> int:
         """Parameter count: embeddings, layers (attention or linear attention, MLP or experts + router
         and a shared expert with its gate, norms), head."""
@@ -222,6 +213,7 @@ class ModelShape:
             if self.shared_expert_intermediate:
                 mlp += 3 * self.hidden * self.shared_expert_intermediate + self.hidden
         mixers = self.full_layers * self._attention_parameters()
+        mixers += self.global_layers * self._global_attention_extra() if self.global_layers else 0
         if self.linear is not None:
             mixers += self.linear_layers * self.linear.parameters(self.hidden)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
