@@ -164,3 +164,16 @@ def test_where_only_a_shorter_context_fits_the_refusal_suggests_it(
     assert "it fits with vllm.max_model_len=32768" in captured.err
     assert "tried: learner.gradient_checkpointing: true" in captured.out
     assert rft(["plan", str(path), "vllm.max_model_len=32768"]) == 0
+
+
+def test_a_config_that_fits_as_it_is_comes_back_unchanged_and_resolving_twice_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    cpu = load_config(_config_file(tmp_path, "smollm2-135m", learner={"device": "cpu"}, engine="hf"))
+    assert resolve(cpu, shape_for(cpu.model), Node([], present=False)).config is cpu
+    config = load_config(
+        _config_file(tmp_path, "gpt-oss-20b", placement={"num_gpus": 1, "gpu_memory_gb": 80})
+    )
+    once = resolve(config, shape_for(config.model), _node(1, 80))
+    twice = resolve(once.config, shape_for(config.model), _node(1, 80))
+    assert twice.config.model_dump() == once.config.model_dump() and twice.plan.fits

@@ -50,7 +50,10 @@ def _set(section: BaseModel, name: str) -> bool:
 
 def changed(config: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
     """``config`` with ``changes`` (dotted names) applied and validated; what the user set stays
-    marked as set, the changes not (so a resolved config resolves to itself)."""
+    marked as set, the changes not (so a resolved config resolves to itself); ``config`` itself
+    without changes."""
+    if not changes:
+        return config
     data = config.model_dump()
     for key, value in changes.items():
         node = data
