@@ -19,7 +19,7 @@ from trainer.scale.choices import preflight, resolve
 from trainer.scale.learner_memory import update_extras
 from trainer.scale.memory import GB, ModelShape
 from trainer.scale.placement import Gpu, Node
-from trainer.scale.plan import PlanError, shape_for
+from trainer.scale.plan import PlanError, render, shape_for
 from trainer.scale.vllm_memory import weight_bytes
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -107,6 +107,8 @@ def test_vllm_follows_the_learners_dtype_or_the_differing_pair_is_refused(tmp_pa
     resolved = resolve(config, shape_for(config.model), _node(2, 80))
     assert resolved.config.vllm.dtype == "bfloat16" and resolved.plan.serving_dtype == "bfloat16"
     assert any(line.startswith("vllm.dtype: bfloat16, the learner's dtype") for line in resolved.plan.choices)
+    stated = "dtypes: the learner trains in bfloat16, vLLM serves in bfloat16 (the checkpoint's own: float16)"
+    assert stated in render(resolved.plan)
     both = load_config(path, ["vllm.dtype=float16", "learner.dtype=bfloat16"])
     with pytest.raises(PlanError, match="vllm.dtype is float16 but learner.dtype is bfloat16"):
         resolve(both, shape_for(config.model), _node(2, 80))

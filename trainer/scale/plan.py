@@ -192,6 +192,12 @@ def render(plan: Plan) -> str:
             else ""
         ),
     ]
+    if plan.serving_dtype is not None:
+        checkpoint = f" (the checkpoint's own: {shape.dtype})" if shape.dtype != plan.serving_dtype else ""
+        lines.append(
+            f"dtypes: the learner trains in {placement.learner_dtype}, vLLM serves in "
+            f"{plan.serving_dtype}{checkpoint}"
+        )
     if not node.present and any(device.device.startswith("cuda") for device in plan.devices):
         lines.append(
             "no GPU is present on this machine (torch sees no CUDA device): figures are estimates for "
