@@ -74,3 +74,24 @@ def test_gemma_4_31b_global_layers_are_counted_as_transformers_builds_them() -> 
     assert (shape.global_layers, shape.sliding_layers, shape.sliding_window) == (10, 50, 1024)
     # Up to the q/k norms' few weights per layer (0.7 M of 30.7 B).
     assert shape.parameters() == pytest.approx(built, rel=1e-4)
+
+
+def test_a_qwen_vision_tower_is_counted_as_transformers_builds_it() -> None:
+    import transformers
+
+    config = json.loads((CONFIGS / "qwen3-vl-8b.json").read_text())
+    # Qwen 3.5's layout: no deepstack mergers (its published vision_config lists none).
+    qwen3_5 = transformers.Qwen3_5Config()
+    published_3_5 = {**qwen3_5.vision_config.to_dict(), "deepstack_visual_indexes": []}
+    cases = [
+        (transformers.Qwen3VLConfig(**{k: v for k, v in config.items() if k != "model_type"}), config),
+        (qwen3_5, {"model_type": "qwen3_5", **qwen3_5.to_dict(), "vision_config": published_3_5}),
+    ]
+    for built_config, published in cases:
+        with torch.device("meta"):
+            model = transformers.AutoModelForImageTextToText.from_config(built_config)
+        tower = sum(param.numel() for name, param in model.named_parameters() if ".visual." in f".{name}")
+        assert ModelShape.from_config(published).vision_parameters == tower
+    # Qwen3-VL-8B: 8.19 B in the language model and 0.576 B in the tower, 8.77 B as published.
+    shape = ModelShape.from_config(config)
+    assert shape.parameters() + shape.vision_parameters == pytest.approx(8.77e9, rel=0.005)

@@ -211,7 +211,9 @@ def _said(config: TrainConfig, plan: Plan, changes: dict[str, Any]) -> list[str]
     ]
     if "learner.processes" in changes or (changes.get("learner.shard") == "fsdp"):
         devices = ", ".join(plan.placement.learner_process_devices)
-        weights = plan.shape.parameters() * DTYPE_BYTES[plan.placement.learner_dtype]
+        weights = (plan.shape.parameters() + plan.shape.vision_parameters) * DTYPE_BYTES[
+            plan.placement.learner_dtype
+        ]
         said.append(
             f"learner.processes: {len(plan.placement.learner_process_devices)} and learner.shard: fsdp "
             f"(the learner's {plan.placement.learner_dtype} weights, {weights / GB:.1f} GB, do not fit one "
@@ -279,7 +281,9 @@ def _device_advice(config: TrainConfig, plan: Plan, device: DevicePlan) -> str:
                 f"{head}; it fits with {setting} (then the largest peak is {largest.peak[0] / GB:.1f} GB, "
                 f"on {largest.device})."
             )
-    weights = plan.shape.parameters() * DTYPE_BYTES[plan.placement.learner_dtype]
+    weights = (plan.shape.parameters() + plan.shape.vision_parameters) * DTYPE_BYTES[
+        plan.placement.learner_dtype
+    ]
     other_gpu = "" if config.ray is not None else " put vLLM on another GPU (vllm.devices),"
     return (
         f"{head}, and no setting rftkit can change makes it fit (the learner's weights alone take "

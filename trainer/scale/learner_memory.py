@@ -65,10 +65,11 @@ def _weights(config: TrainConfig, shape: ModelShape, dtype: str, parts: int) -> 
     width = DTYPE_BYTES[dtype]
     lora = shape.lora_parameters(config.lora.r, config.lora.target_modules, config.lora.target_parameters)
     reference = lora * 4 if config.init_adapter is not None and config.beta > 0 else 0
-    params = shape.parameters()
+    params, vision = shape.parameters(), shape.vision_parameters
+    tower = f" + {vision / 1e9:.2f} B vision tower" if vision else ""
     if parts == 1:
         return [
-            Item(f"learner weights ({params / 1e9:.2f} B params, {dtype})", params * width),
+            Item(f"learner weights ({params / 1e9:.2f} B params{tower}, {dtype})", (params + vision) * width),
             Item(
                 f"LoRA r={config.lora.r} + grads + AdamW ({lora / 1e6:.1f} M params, float32)",
                 lora * LORA_TRAINING_BYTES + reference,
@@ -78,12 +79,13 @@ def _weights(config: TrainConfig, shape: ModelShape, dtype: str, parts: int) -> 
     layer = (params - embeddings) // shape.layers
     return [
         Item(
-            f"learner weights, a 1/{parts} FSDP2 shard ({params / 1e9:.2f} B params, {dtype})",
-            params * width // parts,
+            f"learner weights, a 1/{parts} FSDP2 shard ({params / 1e9:.2f} B params{tower}, {dtype})",
+            (params + vision) * width // parts,
         ),
         Item(
-            f"gathered: {GATHERED_LAYERS} decoder layers and the embeddings + output head ({dtype})",
-            (GATHERED_LAYERS * layer + embeddings) * width,
+            f"gathered: {GATHERED_LAYERS} decoder layers and the embeddings + output head"
+            f"{' + vision tower' if vision else ''} ({dtype})",
+            (GATHERED_LAYERS * layer + embeddings + vision) * width,
             "update",
         ),
         Item(

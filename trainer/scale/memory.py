@@ -22,6 +22,7 @@ from typing import Any
 from trainer.scale.experts import PEFT_CONVERTED_EXPERTS, AdaptedStack
 from trainer.scale.hybrid import LinearAttention, linear_layer_count
 from trainer.scale.quantization import Quantization
+from trainer.scale.vision import vision_tower_parameters
 
 GB = 1e9
 # Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
@@ -81,6 +82,7 @@ class ModelShape:
     global_head_dim: int = 0  # config gives them apart (Gemma 4); 0: as every layer's
     keys_as_values: bool = False  # the global layers reuse their keys as values (no v_proj)
     quantization: Quantization | None = None  # how the checkpoint stores its weights (what vLLM serves)
+    vision_parameters: int = 0  # a vision-language checkpoint's vision tower, beside parameters()
 
     @classmethod
     def from_config(
@@ -131,6 +133,7 @@ class ModelShape:
             global_head_dim=int(text.get("global_head_dim") or 0),
             keys_as_values=bool(text.get("attention_k_eq_v")),
             quantization=Quantization.from_config(config),
+            vision_parameters=vision_tower_parameters(config.get("vision_config")),
         )
 
     @classmethod

@@ -177,6 +177,7 @@ def render(plan: Plan) -> str:
     gpus = f"{len(node.gpus)} GPU(s)" + ("" if node.present else " planned for") if node.gpus else "no GPU"
     shape = plan.shape
     active = f", {shape.active_parameters() / 1e9:.3f} B active per token" if shape.experts else ""
+    active += f", and a {shape.vision_parameters / 1e9:.3f} B vision tower" if shape.vision_parameters else ""
     hybrid = (
         f": {shape.linear_layers} linear attention, {shape.full_layers} full" if shape.linear_layers else ""
     )

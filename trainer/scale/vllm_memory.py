@@ -63,10 +63,11 @@ def serving_dtype(config: TrainConfig, shape: ModelShape) -> str:
 
 def weight_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     """The model's weights as vLLM loads them: quantized modules at the checkpoint's bits, the others
-    (``modules_to_not_convert``, the embeddings, the head, norms) at ``dtype_bytes``."""
+    (``modules_to_not_convert``, the embeddings, the head, norms, a vision tower) at ``dtype_bytes``."""
     quant = shape.quantization
+    tower = shape.vision_parameters * dtype_bytes  # left unquantized, as the embeddings
     if quant is None:
-        return shape.parameters() * dtype_bytes
+        return shape.parameters() * dtype_bytes + tower
     embeddings = shape.vocab * shape.hidden
     attention = (
         shape.parameters()
@@ -90,7 +91,7 @@ def weight_bytes(shape: ModelShape, dtype_bytes: int) -> int:
         if module.endswith("router"):
             kept = kept or quant.keeps("model.layers.0.mlp.gate")
         total += count * (dtype_bytes if kept else quant.bits / 8)
-    return int(total)
+    return int(total) + tower
 
 
 def _mlp(shape: ModelShape, with_router: bool = True) -> int:
