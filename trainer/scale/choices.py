@@ -38,7 +38,8 @@ SHORTER_CONTEXT = 32768
 
 @dataclass(frozen=True)
 class Resolved:
-    """The config with the plan's choices applied, its plan, and a sentence per choice."""
+    """The config with the plan's choices applied and its plan (whose ``choices`` say what was chosen
+    and why)."""
 
     config: TrainConfig
     plan: Plan
@@ -102,8 +103,7 @@ def _layouts(config: TrainConfig, node: Node) -> list[dict[str, Any]]:
     if config.ray is not None or not node.gpus or learner.device != "auto":
         return [{}]
     if _set(learner, "processes"):
-        unsharded = {} if learner.shard == "fsdp" else {"learner.shard": "off"}
-        return [unsharded, {"learner.shard": "fsdp"}] if learner.shard == "auto" else [{}]
+        return [{"learner.shard": "off"}, {"learner.shard": "fsdp"}] if learner.shard == "auto" else [{}]
     if learner.shard == "off":
         return [{}]
     counts = [count for count in (2, 4, 8, 16) if count <= len(node.gpus)]
@@ -202,23 +202,24 @@ def _said(config: TrainConfig, plan: Plan, changes: dict[str, Any]) -> list[str]
         "hands the learner its weights' and KV cache's memory",
         "learner.gradient_checkpointing": "without it the update's activations do not fit beside the rest",
         "max_tokens_per_microbatch": f"{config.max_tokens_per_microbatch} tokens' activations do not fit",
-        "learner.shard": "",
     }
-    said = [
-        f"{key}: {json.dumps(value)} ({why[key]})"
-        for key, value in changes.items()
-        if key in why and why[key]
-    ]
-    if "learner.processes" in changes or (changes.get("learner.shard") == "fsdp"):
-        devices = ", ".join(plan.placement.learner_process_devices)
-        weights = (plan.shape.parameters() + plan.shape.vision_parameters) * DTYPE_BYTES[
-            plan.placement.learner_dtype
-        ]
+    said = [f"{key}: {json.dumps(value)} ({why[key]})" for key, value in changes.items() if key in why]
+    if changes.get("learner.shard") == "fsdp":
+        chosen = " and ".join(
+            f"{key}: {json.dumps(changes[key])}"
+            for key in ("learner.processes", "learner.shard")
+            if key in changes
+        )
+        dtype = plan.placement.learner_dtype
+        weights = (plan.shape.parameters() + plan.shape.vision_parameters) * DTYPE_BYTES[dtype]
+        reason = (
+            f"the learner's {dtype} weights, {weights / GB:.1f} GB, do not fit one GPU beside the update"
+            if config.learner.shard == "auto"
+            else "learner.shard: fsdp is set"
+        )
         said.append(
-            f"learner.processes: {len(plan.placement.learner_process_devices)} and learner.shard: fsdp "
-            f"(the learner's {plan.placement.learner_dtype} weights, {weights / GB:.1f} GB, do not fit one "
-            f"GPU beside the update: sharded with FSDP2 over {devices}, each holds 1/{plan.shards} of them "
-            "and of the LoRA state, one decoder layer gathered at a time)"
+            f"{chosen} ({reason}: sharded with FSDP2 over {', '.join(plan.placement.learner_process_devices)}, "
+            f"each holds 1/{plan.shards} of them and of the LoRA state, one decoder layer gathered at a time)"
         )
     return said
 
