@@ -205,11 +205,9 @@ def _said(config: TrainConfig, plan: Plan, changes: dict[str, Any]) -> list[str]
     }
     said = [f"{key}: {json.dumps(value)} ({why[key]})" for key, value in changes.items() if key in why]
     if changes.get("learner.shard") == "fsdp":
-        chosen = " and ".join(
-            f"{key}: {json.dumps(changes[key])}"
-            for key in ("learner.processes", "learner.shard")
-            if key in changes
-        )
+        keys = [key for key in ("learner.processes", "learner.shard") if key in changes]
+        chosen = " and ".join(f"{key}: {changes[key]}" for key in keys)
+        devices = ", ".join(plan.placement.learner_process_devices)
         dtype = plan.placement.learner_dtype
         weights = (plan.shape.parameters() + plan.shape.vision_parameters) * DTYPE_BYTES[dtype]
         reason = (
@@ -218,7 +216,7 @@ def _said(config: TrainConfig, plan: Plan, changes: dict[str, Any]) -> list[str]
             else "learner.shard: fsdp is set"
         )
         said.append(
-            f"{chosen} ({reason}: sharded with FSDP2 over {', '.join(plan.placement.learner_process_devices)}, "
+            f"{chosen} ({reason}: sharded with FSDP2 over {devices}, "
             f"each holds 1/{plan.shards} of them and of the LoRA state, one decoder layer gathered at a time)"
         )
     return said
