@@ -179,3 +179,25 @@ def test_a_config_that_fits_as_it_is_comes_back_unchanged_and_resolving_twice_ch
     once = resolve(config, shape_for(config.model), _node(1, 80))
     twice = resolve(once.config, shape_for(config.model), _node(1, 80))
     assert twice.config.model_dump() == once.config.model_dump() and twice.plan.fits
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "bits"),
+    [
+        ({"quant_method": "mxfp4"}, 4.25),
+        ({"quant_method": "fp8"}, 8.0),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, 4.25),
+        ({"quant_method": "awq", "bits": 4, "group_size": 64}, 4.5),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, 4.5),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, 4.5),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8}}}}, 8.0),
+        ({"quant_method": "something-new"}, 16.0),  # unknown: counted unquantized, an upper bound
+    ],
+)
+def test_each_quantization_method_is_counted_at_its_bits(quantization_config: dict, bits: float) -> None:
+    from trainer.scale.quantization import Quantization
+
+    found = Quantization.from_config({"quantization_config": quantization_config})
+    assert found is not None and found.bits == bits
+    assert found.keeps("lm_head") and found.keeps("model.embed_tokens")
+    assert not found.keeps("model.layers.3.mlp.experts")

@@ -15,7 +15,7 @@ from typing import Any
 
 # Bits a weight takes, scales included, for the methods whose width the method alone fixes: MXFP4 is
 # 4-bit values with one 8-bit scale per 32 (4.25); FP8 a byte with per-tensor or per-channel scales.
-FIXED_BITS = {"mxfp4": 4.25, "fp8": 8.0, "fbgemm_fp8": 8.0, "modelopt": 8.0}
+FIXED_BITS = {"mxfp4": 4.25, "fp8": 8.0, "fbgemm_fp8": 8.0}
 # Methods that name their width in ``bits`` (GPTQ, AWQ and their kernels' names), with a 16-bit scale
 # and a packed zero point per ``group_size`` weights.
 GROUPED = ("gptq", "awq", "awq_marlin", "gptq_marlin", "auto-round", "hqq")
@@ -60,6 +60,9 @@ def _bits(method: str, found: dict[str, Any]) -> float:
     if method in GROUPED:
         group = int(found.get("group_size") or 128)
         return float(found.get("bits") or found.get("w_bit") or 4) + (32 / group if group > 0 else 0)
+    if method == "modelopt":
+        # NVIDIA ModelOpt: NVFP4 is 4-bit values with an 8-bit scale per 16 (4.5); else FP8.
+        return 4.5 if "FP4" in str(found.get("quant_algo", "")).upper() else 8.0
     if method == "bitsandbytes":
         # 4-bit NF4/FP4 with a float32 scale per 64 weights (4.5); else LLM.int8's byte.
         return 4.5 if found.get("load_in_4bit") else 8.0
