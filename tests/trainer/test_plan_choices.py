@@ -59,6 +59,10 @@ def test_gpt_oss_20b_fits_one_80_gb_gpu_with_vllm_serving_mxfp4(
     chosen = [line for line in out.splitlines() if line.startswith("chosen: ")]
     assert any(line.startswith("chosen: vllm.gpu_memory_utilization: 0.") for line in chosen), out
     assert any("vllm.enable_sleep_mode: true" in line for line in chosen), out
+    assert rft(["plan", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["fits"] and planned["placement"]["vllm_dtype"] == "bfloat16"
+    assert [line.removeprefix("chosen: ") for line in chosen] == planned["choices"]
 
 
 def test_llama_70b_on_8_gpus_shards_the_learner_over_gpus_of_its_own(tmp_path: Path) -> None:
