@@ -96,8 +96,8 @@ class VLLMConfig(_Section):
         description="vLLM's --gpu-memory-utilization: the share of each of its GPUs vLLM takes "
         "(weights + KV cache). Unset: derived by the plan from what vLLM needs (its weights as the "
         "checkpoint stores them, LoRA slots, the KV cache of the run's rollouts, CUDA graphs; "
-        "docs/placement.md), at most 0.95; the default shown is vLLM's own, used where the GPU's "
-        "memory is unknown.",
+        "docs/placement.md), at most 0.95, and at least the default shown (vLLM's own) on GPUs vLLM "
+        "does not share with the learner, or where the GPU's memory is unknown.",
     )
     max_model_len: int | None = Field(
         default=None,

@@ -156,13 +156,17 @@ def _with_share(
         return config, []
     need = vllm_need(config, shape, placement.vllm_tensor_parallel)
     share = derived_utilization(need, min(known), kv_fraction)
+    # On GPUs of its own, memory vLLM leaves goes unused: it takes at least its default share, the
+    # rest as more KV cache (more rollouts decoded at once).
+    own = not placement.shared_gpus and share < vllm.gpu_memory_utilization
+    share = vllm.gpu_memory_utilization if own else share
     kv = max(share * min(known) - need.least + need.minimum_kv, 0)
     reason = (
-        f"vllm.gpu_memory_utilization: {share:g}, what vLLM needs on each of its GPUs of "
-        f"{min(known) / GB:.0f} GB: "
-        f"weights {need.weights / GB:.1f} GB, LoRA slots, activations, CUDA graphs and context, and "
-        f"{kv / GB:.1f} GB of KV cache (its {need.sequences} rollouts of {need.sequence_tokens} tokens "
-        f"would fill {need.kv_cache / GB:.1f} GB)"
+        f"vllm.gpu_memory_utilization: {share:g}, "
+        + ("vLLM's default, its GPUs being its own; it needs " if own else "what vLLM needs ")
+        + f"on each of its GPUs of {min(known) / GB:.0f} GB: weights {need.weights / GB:.1f} GB, LoRA "
+        f"slots, activations, CUDA graphs and context, and {kv / GB:.1f} GB of KV cache (its "
+        f"{need.sequences} rollouts of {need.sequence_tokens} tokens would fill {need.kv_cache / GB:.1f} GB)"
     )
     return changed(config, {"vllm.gpu_memory_utilization": share}), [reason]
 
