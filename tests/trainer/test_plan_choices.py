@@ -3,6 +3,7 @@ the settings that make a config fit (trainer.scale.choices), the same for `rft t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ from trainer.scale.learner_memory import update_extras
 from trainer.scale.memory import GB, ModelShape
 from trainer.scale.placement import Gpu, Node
 from trainer.scale.plan import PlanError, render, shape_for
-from trainer.scale.vllm_memory import weight_bytes
+from trainer.scale.vllm_memory import vllm_need, weight_bytes
 
 CONFIGS = Path(__file__).parent / "model_configs"
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -205,3 +206,26 @@ def test_each_quantization_method_is_counted_at_its_bits(quantization_config: di
     assert found is not None and found.bits == bits
     assert found.keeps("lm_head") and found.keeps("model.embed_tokens")
     assert not found.keeps("model.layers.3.mlp.experts")
+
+
+def test_gpt_oss_with_its_block_wise_training_attention_keeps_8192_tokens_and_vllms_kv_cache(
+    tmp_path: Path,
+) -> None:
+    """What the plan chooses once gpt-oss's family trains with rftkit's chunked attention (issue 49
+    item 2): no [T, T] scores, so the micro-batch keeps its 8192 tokens; sleep mode and checkpointing
+    are chosen before vLLM's KV cache is cut below what the run's rollouts fill."""
+    config = load_config(
+        _config_file(
+            tmp_path,
+            "gpt-oss-20b",
+            placement={"num_gpus": 1, "gpu_memory_gb": 80},
+            lora={"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "target_parameters": EXPERTS},
+        )
+    )
+    shape = dataclasses.replace(shape_for(config.model), eager_attention=False, attention_block=128)
+    resolved = resolve(config, shape, _node(1, 80))
+    assert resolved.plan.fits and resolved.config.max_tokens_per_microbatch == 8192
+    assert resolved.config.vllm.enable_sleep_mode and resolved.config.learner.gradient_checkpointing
+    (device,) = resolved.plan.devices
+    cache = next(item for item in device.items if item.label.startswith("vLLM KV cache"))
+    assert cache.bytes >= vllm_need(resolved.config, shape, 1).kv_cache

@@ -7,8 +7,8 @@ follow an fp16 checkpoint while the learner trains in bf16); the learner's layou
 first; on several GPUs, when that does not fit, 2, 4, ... processes sharding the model with FSDP2 on
 GPUs of their own, vLLM on the others, then every GPU shared); within a layout the cheapest levers
 first: vLLM's sleep mode on a shared GPU, gradient checkpointing, then halving the micro-batch's
-tokens. vLLM's share of its GPUs (``vllm.gpu_memory_utilization``) is derived from what it needs
-(:mod:`trainer.scale.vllm_memory`) for each candidate.
+tokens; only then less KV cache for vLLM. vLLM's share of its GPUs (``vllm.gpu_memory_utilization``)
+is derived from what it needs (:mod:`trainer.scale.vllm_memory`) for each candidate.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def _levers(
 
 
 # The share of the KV cache the run's rollouts would fill that a derived vLLM share tries, most
-# first (beyond one max_model_len sequence, which vLLM always needs): less KV cache serves fewer
-# rollouts at once, so vLLM queues the others.
+# first (beyond one max_model_len sequence, which vLLM always needs), each after every lever: less
+# KV cache serves fewer rollouts at once, so vLLM queues the others.
 KV_FRACTIONS = (1.0, 0.5, 0.25, 0.0)
 
 
@@ -179,8 +179,9 @@ def resolve(config: TrainConfig, shape: ModelShape, node: Node) -> Resolved:
     base = changed(config, pair) if pair else config
     closest: tuple[float, Resolved] | None = None
     for layout in _layouts(base, node):
-        for levers in _levers(base, node, shape, layout):
-            for fraction in KV_FRACTIONS:
+        # Every lever before less KV cache: fewer rollouts decoded at once costs more than they do.
+        for fraction in KV_FRACTIONS:
+            for levers in _levers(base, node, shape, layout):
                 trial, share = _with_share(changed(base, {**layout, **levers}), shape, node, fraction)
                 plan = make_plan(trial, shape, node)
                 plan.choices = reasons + _said(base, plan, {**layout, **levers}) + share
