@@ -160,8 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from agents.maze.demo.model import maze_corpus
     from agents.maze.demo.plans import TINY_TARGET_MODULES
     from trainer.loop import train
+    from trainer.scale.choices import resolve
     from trainer.scale.placement import detect_gpus, node_for
-    from trainer.scale.plan import make_plan, shape_for
+    from trainer.scale.plan import shape_for
 
     started = time.monotonic()
     shutil.rmtree(args.run_dir, ignore_errors=True)
@@ -176,7 +177,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warm_start_s = time.monotonic() - started
     with _agent(args) as agent:
         config = build_config(args, model_dir, adapter, train_file, agent)
-        plan = make_plan(config, shape_for(model_dir), node_for(config, detect_gpus()))
+        # The plan of what the run trains with: `rft train` applies the plan's choices first.
+        plan = resolve(config, shape_for(model_dir), node_for(config, detect_gpus())).plan
         summary = train(config)
     return {
         "device": args.device,

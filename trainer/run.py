@@ -27,7 +27,7 @@ from trainer.rollouts.dataset import next_rows, prompts, read_rows
 from trainer.rollouts.evaluation import EvalResult, evaluate_policy
 from trainer.rollouts.pipeline import RolloutPipeline
 from trainer.rollouts.producer import PlayedRollout
-from trainer.scale.plan import preflight
+from trainer.scale.choices import preflight
 from trainer.session import Session, build_engine
 
 if TYPE_CHECKING:
@@ -119,8 +119,9 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
     base_model = model_dir(config, run_dir)
     parsers = engine_parsers(config, base_model)  # an unknown family stops here, before anything loads
 
-    # The memory plan (refuses a config that cannot fit), the learner, and where the run stands.
-    placement = preflight(config, base_model)
+    # The memory plan (refuses a config that cannot fit) and the settings it chose, which the learner,
+    # the engine (vLLM's share, dtype, sleep mode) and the rest of the run use; then where it stands.
+    config, placement = preflight(config, base_model)
     # Images of the calls being trained on, once each, until the update is done with their traces.
     images = ImageStore(run_dir / "images")
     learner: Learner | RayLearner

@@ -13,6 +13,7 @@ import torch
 
 from tests.trainer.moe_models import gpt_oss_dir, qwen3_moe_dir
 from trainer.config import TrainConfig
+from trainer.scale.learner_memory import expert_lora_bytes
 from trainer.scale.memory import ModelShape
 from trainer.scale.placement import Gpu, Node
 from trainer.scale.plan import make_plan
@@ -82,9 +83,9 @@ def test_rebuilt_expert_stacks_and_eager_scores_by_hand() -> None:
     shape = _small("gpt_oss")
     # gate_up 4 x 8 x 12 = 384 and down 4 x 6 x 8 = 192 weights, 2 bytes each: 1152 per layer; kept by
     # both layers plus one layer's gradient, or (checkpointing) by the layer recomputed plus it.
-    assert shape.expert_lora_bytes(2, ["q_proj"], EXPERTS, 2, checkpointing=False) == 1152 * 3
-    assert shape.expert_lora_bytes(2, ["q_proj"], EXPERTS, 2, checkpointing=True) == 1152 * 2
-    assert shape.expert_lora_bytes(2, ["q_proj"], [], 2, checkpointing=False) == 0
+    assert expert_lora_bytes(shape, 2, ["q_proj"], EXPERTS, 2, checkpointing=False) == 1152 * 3
+    assert expert_lora_bytes(shape, 2, ["q_proj"], EXPERTS, 2, checkpointing=True) == 1152 * 2
+    assert expert_lora_bytes(shape, 2, ["q_proj"], [], 2, checkpointing=False) == 0
     # 16 tokens as one row of T=16: 2 heads x 16 x 16 x 2 bytes = 1024 per layer; both layers keep
     # theirs and the running layer holds two more.
     assert shape.eager_attention_bytes(16, 2, checkpointing=False) == 1024 * 4

@@ -100,3 +100,24 @@ def test_vllm_gets_its_gpus_and_first_class_settings(tmp_path: Path, monkeypatch
         "CUDA_VISIBLE_DEVICES": "2,3",
         "VLLM_SERVER_DEV_MODE": "1",
     }
+
+
+def test_learner_processes_get_a_gpu_each_and_vllm_the_others() -> None:
+    own = place(_config(engine="vllm", learner={"processes": 4}), _node(8))
+    assert own.learner_devices == ("cuda:4", "cuda:5", "cuda:6", "cuda:7") and own.vllm_devices == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert own.learner_gpus == [4, 5, 6, 7] and own.shared_gpus == []
+    # As many processes as GPUs: vLLM shares every one of them.
+    every = place(_config(engine="vllm", learner={"processes": 8}), _node(8))
+    assert every.learner_gpus == list(range(8)) and every.shared_gpus == list(range(8))
+    named = place(_config(engine="vllm", learner={"device": "cuda:2", "processes": 2}), _node(8))
+    assert named.learner_process_devices == ("cuda:2", "cuda:3")
+    cpu = place(_config(learner={"device": "cpu", "processes": 2}), Node([], present=False))
+    assert cpu.learner_process_devices == ("cpu", "cpu")
+    assert place(_config(engine="vllm"), _node(8)).learner_process_devices == ("cuda:7",)
+    with pytest.raises(PlacementError, match="learner.processes is 4 but the node has 2 GPU"):
+        place(_config(engine="vllm", learner={"processes": 4}), _node(2))

@@ -13,8 +13,9 @@ import yaml
 
 from handlers.cli import main as rft
 from trainer.config import load_config
+from trainer.scale.choices import check, preflight
 from trainer.scale.placement import RAY_REPLICAS, Gpu, Node
-from trainer.scale.plan import PlanError, check, make_plan, preflight, shape_for
+from trainer.scale.plan import PlanError, make_plan, shape_for
 
 CONFIGS = Path(__file__).parent / "model_configs"
 NO_GPU_HERE = not torch.cuda.is_available()
@@ -69,11 +70,14 @@ def test_an_8b_model_on_a_16_gb_gpu_is_refused_with_a_sentence(
 
 
 def test_the_suggested_change_really_fits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The user set every lever the plan would choose itself: the refusal suggests changing one of them.
     path = _run_config(
         tmp_path,
         "qwen2.5-7b",
         engine="vllm",
-        vllm={"gpu_memory_utilization": 0.5, "max_model_len": 8192},
+        vllm={"gpu_memory_utilization": 0.5, "max_model_len": 8192, "enable_sleep_mode": False},
+        learner={"gradient_checkpointing": False},
+        max_tokens_per_microbatch=8192,
         placement={"num_gpus": 1, "gpu_memory_gb": 80},
     )
     code, _, err = _plan_cli(path, capsys)
@@ -142,7 +146,11 @@ def test_train_preflight_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 def test_a_free_gpu_is_suggested_before_anything_else(tmp_path: Path) -> None:
     # vLLM told to take GPU 0, which the learner shares, while GPU 1 sits free.
     path = _run_config(
-        tmp_path, "qwen2.5-7b", engine="vllm", learner={"device": "cuda"}, vllm={"devices": [0]}
+        tmp_path,
+        "qwen2.5-7b",
+        engine="vllm",
+        learner={"device": "cuda", "gradient_checkpointing": False},
+        vllm={"devices": [0], "enable_sleep_mode": False},
     )
     # 4096 tokens per micro-batch: the learner alone fits a free 80 GB GPU (8192 need checkpointing).
     overrides = ["vllm.gpu_memory_utilization=0.5", "placement.num_gpus=2", "max_tokens_per_microbatch=4096"]
@@ -156,7 +164,12 @@ def test_with_ray_the_node_plans_the_learner_alone(tmp_path: Path) -> None:
     """Replica actors hold GPUs of their own: vLLM is not planned onto the learner's GPU, and the
     advice names the learner's levers (it tried vLLM's sleep mode, which Ray configs refuse)."""
     path = _run_config(
-        tmp_path, "llama-3-8b", engine="vllm", ray={"address": "auto", "inference_replicas": 2}
+        tmp_path,
+        "llama-3-8b",
+        engine="vllm",
+        ray={"address": "auto", "inference_replicas": 2},
+        learner={"gradient_checkpointing": False},
+        max_tokens_per_microbatch=8192,
     )
     config = load_config(path)
     node = Node([Gpu(0, 48 * 10**9)], present=True)

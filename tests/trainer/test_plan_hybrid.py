@@ -24,6 +24,7 @@ from trainer.scale.layout import vllm_needs
 from trainer.scale.memory import ModelShape, ModelShapeError
 from trainer.scale.placement import Gpu, Node
 from trainer.scale.plan import make_plan, render
+from trainer.scale.vllm_memory import vllm_need
 
 CONFIGS = Path(__file__).parent / "model_configs"
 # A small Qwen 3.5 MoE (4 layers: 3 linear, 1 full; 4 experts of width 24 and a shared one of 40).
@@ -240,7 +241,9 @@ def test_the_plan_counts_kv_and_states_for_the_27b_shape() -> None:
     assert engine["hf engine linear-attention states (64 rows x 48 layers)"] == 64 * per_row
     assert "(64 layers: 48 linear attention, 16 full, hidden 5120" in render(plan)
     vllm = TrainConfig.model_validate({"engine": "vllm", "vllm": {"max_model_len": 32768}})
-    need, _ = vllm_needs(vllm, shape, 1)
+    need = vllm_needs(vllm, shape, 1)
     rank = vllm.vllm.lora_rank_for(vllm.adapter_rank())
     loras = vllm.vllm.max_loras * shape.lora_parameters(rank, vllm.lora.target_modules)
-    assert need == (shape.parameters() + loras) * 2 + 65_536 * 32_768 + per_row + 10**9
+    # Besides: the forward's working memory at 8192 batched tokens and the CUDA graphs.
+    working = vllm_need(vllm, shape, 1).working
+    assert need == (shape.parameters() + loras) * 2 + 65_536 * 32_768 + per_row + 10**9 + working

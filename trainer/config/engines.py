@@ -59,7 +59,8 @@ class VLLMConfig(_Section):
     )
     dtype: str = Field(
         default="auto",
-        description="vLLM's --dtype: 'auto' (the model's own on GPUs; float32 for vLLM placed on the "
+        description="vLLM's --dtype: 'auto' (on GPUs the learner's dtype, where the model's own "
+        "would differ from it, else the model's own; float32 for vLLM placed on the "
         "CPU, as the learner there, where vLLM would choose bfloat16, except for a family vLLM's CPU "
         "build runs in bfloat16 only, Qwen 3.5's), 'float32', 'bfloat16', 'float16'.",
     )
@@ -93,7 +94,10 @@ class VLLMConfig(_Section):
         gt=0,
         le=1,
         description="vLLM's --gpu-memory-utilization: the share of each of its GPUs vLLM takes "
-        "(weights + KV cache). When the learner shares the GPU, leave it room (e.g. 0.3 to 0.5).",
+        "(weights + KV cache). Unset: derived by the plan from what vLLM needs (its weights as the "
+        "checkpoint stores them, LoRA slots, the KV cache of the run's rollouts, CUDA graphs; "
+        "docs/placement.md), at most 0.95, and at least the default shown (vLLM's own) on GPUs vLLM "
+        "does not share with the learner, or where the GPU's memory is unknown.",
     )
     max_model_len: int | None = Field(
         default=None,
@@ -105,7 +109,8 @@ class VLLMConfig(_Section):
         default=False,
         description="vLLM's --enable-sleep-mode (CUDA only): during each update vLLM sleeps "
         "(POST /sleep, level sleep_level) so the learner can use the memory of its KV cache, then "
-        "wakes (POST /wake_up) before the new adapter is loaded.",
+        "wakes (POST /wake_up) before the new adapter is loaded. Unset: the plan turns it on where "
+        "the learner shares a GPU with vLLM and the run does not fit otherwise.",
     )
     sleep_level: Literal[1, 2] = Field(
         default=1,

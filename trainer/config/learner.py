@@ -27,7 +27,8 @@ class LearnerConfig(_Section):
         default=False,
         description="Recompute each decoder layer's activations in the backward pass instead of "
         "keeping them (transformers' name): activation memory falls from every layer's to about one "
-        "layer's, for about a third more compute.",
+        "layer's, for about a third more compute. Unset: the plan turns it on where the run does not "
+        "fit otherwise.",
     )
     logits_chunk_size: int = Field(
         default=1024,

@@ -220,8 +220,8 @@ class TrainConfig(_Section):
     max_tokens_per_microbatch: int = Field(
         default=8192,
         gt=0,
-        description="Token budget of one forward/backward pass; a step's sequences are packed into "
-        "micro-batches under it and their gradients accumulated.",
+        description="Token budget of one forward/backward pass (sequences packed under it, gradients "
+        "accumulated). Unset: the plan halves it, down to 1024, where the run does not fit otherwise.",
     )
 
     # --- sampling

@@ -15,7 +15,7 @@ from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import PlayedEvaluation, evaluate_policy
 from trainer.rollouts.fanout import check_agents_listen
 from trainer.run import read_eval_rows
-from trainer.scale.plan import preflight
+from trainer.scale.choices import preflight
 from trainer.session import Session, build_engine
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def evaluate_policies(
     """
     check_agents_listen(config.agents)
     base_model = model_dir(config, config.output_dir)
-    placement = preflight(config, base_model)
+    config, placement = preflight(config, base_model)  # with the plan's choices (vLLM's share, dtype)
     from trainer.scale.ray_cluster import ray_cluster
 
     with ray_cluster(config.ray):

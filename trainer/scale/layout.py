@@ -1,23 +1,21 @@
-"""How vLLM fills a node's GPUs: its replicas' tensor-parallel size, how many data-parallel replicas,
-and on which GPUs, chosen from the model's size and the node (:func:`vllm_layout`).
+"""How vLLM fills a node's GPUs: its replicas' tensor-parallel size, how many data-parallel replicas, and
+on which GPUs, chosen from the model's size and the node (:func:`vllm_layout`).
 
-A run without Ray trains in one learner process on one device, so by default the learner keeps one
-GPU of its own (when the node has two or more) and vLLM takes the others: one server with
-``--data-parallel-size`` replicas of ``--tensor-parallel-size`` GPUs each. The tensor-parallel size
-is the smallest of 1, 2, 4, 8 whose share of each GPU holds the model (:func:`vllm_needs`). A
-setting the user gave (``vllm.devices``, ``vllm.tensor_parallel_size``, ``vllm.data_parallel_size``,
-``learner.device``) is kept as given.
-"""
+The learner keeps a GPU of its own for each of its processes (``learner.processes``, one unless the plan
+shards the learner: :mod:`trainer.scale.choices`) when the node has more, and vLLM takes the others: one
+server with ``--data-parallel-size`` replicas of ``--tensor-parallel-size`` GPUs each. The tensor-
+parallel size is the smallest of 1, 2, 4, 8 whose share of each GPU holds what vLLM needs
+(:func:`vllm_needs`). A setting the user gave (``vllm.devices``, ``vllm.tensor_parallel_size``,
+``vllm.data_parallel_size``, ``learner.device``) is kept as given."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from trainer.config import TrainConfig
-from trainer.scale.memory import DTYPE_BYTES, GB, ModelShape
+from trainer.scale.memory import ModelShape
+from trainer.scale.vllm_memory import MOST_SHARE, vllm_need
 
-# Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
-CUDA_OVERHEAD_BYTES = int(1.0 * GB)
 # Tensor-parallel sizes tried, smallest first (vLLM needs one that divides the attention heads).
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 
@@ -31,19 +29,11 @@ class VllmLayout:
     data_parallel: int = 1
 
 
-def vllm_needs(config: TrainConfig, shape: ModelShape, tensor_parallel: int) -> tuple[int, int]:
-    """(bytes vLLM needs on each of its GPUs at least, context length assumed): its weights, LoRA
-    slots, one full-length sequence's KV cache (and a hybrid model's linear-attention states) and its
-    CUDA context, split over ``tensor_parallel``."""
-    dtype = config.vllm.dtype if config.vllm.dtype in DTYPE_BYTES else shape.dtype
-    width = DTYPE_BYTES[dtype]
-    context = config.vllm.max_model_len or shape.max_positions or 4096
-    loras = config.vllm.max_loras * shape.lora_parameters(
-        config.vllm.lora_rank_for(config.adapter_rank()), config.lora.target_modules
-    )
-    cache = shape.kv_bytes_per_token(width) * context + shape.state_bytes_per_sequence(width)
-    need = (shape.parameters() + loras) * width + cache
-    return need // tensor_parallel + CUDA_OVERHEAD_BYTES, context
+def vllm_needs(config: TrainConfig, shape: ModelShape, tensor_parallel: int) -> int:
+    """Bytes vLLM needs on each of its GPUs at least: its weights, LoRA slots, working memory and one
+    ``max_model_len`` sequence's KV cache, what vLLM itself checks at start (:func:`vllm_need`); more
+    KV cache serves more rollouts at once."""
+    return vllm_need(config, shape, tensor_parallel).least
 
 
 def fitting_tensor_parallel(
@@ -55,9 +45,10 @@ def fitting_tensor_parallel(
     if shape is None or gpu_bytes is None:
         return 1
     sizes = [size for size in TENSOR_PARALLEL_SIZES if size <= max(gpus, 1) and shape.heads % size == 0]
-    share = config.vllm.gpu_memory_utilization * gpu_bytes
+    set_share = "gpu_memory_utilization" in config.vllm.model_fields_set
+    share = (config.vllm.gpu_memory_utilization if set_share else MOST_SHARE) * gpu_bytes
     for size in sizes:
-        if vllm_needs(config, shape, size)[0] <= share:
+        if vllm_needs(config, shape, size) <= share:
             return size
     return sizes[-1]
 
@@ -68,8 +59,8 @@ def vllm_layout(
     """vLLM's GPUs on a node with GPUs ``gpus`` (each of ``gpu_bytes``), for a model of ``shape``.
 
     Without ``vllm.devices``: the GPUs the learner does not take, where ``learner.device: auto``
-    keeps the last GPU for the learner when the others hold at least one replica; with fewer GPUs
-    vLLM shares the learner's.
+    keeps the last GPUs for the learner's processes when the others hold at least one replica; with
+    fewer GPUs vLLM shares the learner's.
     """
     vllm = config.vllm
     if vllm.devices is not None:
@@ -81,8 +72,9 @@ def vllm_layout(
     learner = config.learner.device
     named = int(learner.partition(":")[2] or 0) if learner.startswith("cuda") else None
     pool = [gpu for gpu in gpus if gpu != named]
-    if learner == "auto" and len(gpus) > 1:
-        pool = pool[:-1]  # the learner's own GPU
+    processes = config.learner.processes or 1
+    if learner == "auto" and len(gpus) > processes:
+        pool = pool[:-processes]  # the learner's own GPUs
     tensor = vllm.tensor_parallel_size or fitting_tensor_parallel(config, shape, gpu_bytes, len(gpus))
     if len(pool) < tensor * (vllm.data_parallel_size or 1):
         pool = list(gpus)  # too few GPUs of its own: vLLM shares the learner's

@@ -19,18 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.scale.experts import PEFT_CONVERTED_EXPERTS, AdaptedStack
 from trainer.scale.hybrid import LinearAttention, linear_layer_count
+from trainer.scale.quantization import Quantization
+from trainer.scale.vision import vision_tower_parameters
 
 GB = 1e9
+# Per process and GPU: the CUDA context, cuBLAS workspaces and the caching allocator's slack.
+CUDA_OVERHEAD_BYTES = int(1.0 * GB)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The LoRA projections a peft "all-linear" adapter wraps in these layouts (the output head excluded).
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Each trained LoRA parameter: its float32 value, gradient and AdamW's two moments.
 LORA_TRAINING_BYTES = 16
-# Model types whose experts peft (0.21, on transformers 5) adapts from target_modules, as it did when
-# they were nn.Linear modules in transformers 4: the fused gate_up stack at twice the rank, the
-# down stack, and the router's weight under 'all-linear'.
-PEFT_CONVERTED_EXPERTS = ("qwen3_moe",)
+# Training attentions that compute the softmax a block of queries at a time (never a whole [T, T]),
+# by their attn_implementation name, with their block's queries: rftkit's chunked attention
+# (policy_server/models/chunked_attention.py, QUERY_CHUNK). What their working scores take is
+# :meth:`ModelShape.attention_block_bytes`.
+BLOCKWISE_ATTENTION = {"rftkit_chunked": 128}
 
 
 class ModelShapeError(ValueError):
@@ -44,27 +50,6 @@ def _first(config: dict[str, Any], *names: str, default: Any = None) -> Any:
     if default is None:
         raise ModelShapeError(f"config.json has none of {', '.join(names)}: cannot estimate the model's size")
     return default
-
-
-@dataclass(frozen=True)
-class AdaptedStack:
-    """A stacked parameter LoRA adapts as peft's ``target_parameters`` do (an expert stack, or a
-    router's weight): each of its ``experts`` matrices of (in, out) features gets rank-``rank`` factors."""
-
-    name: str
-    features_in: int
-    features_out: int
-    rank: int
-    experts: int
-
-    @property
-    def lora_parameters(self) -> int:
-        return self.rank * self.experts * (self.features_in + self.features_out)
-
-    @property
-    def weights(self) -> int:
-        """The stack's size: what peft rebuilds (W + BA) on each forward while it is adapted."""
-        return self.experts * self.features_in * self.features_out
 
 
 @dataclass(frozen=True)
@@ -86,15 +71,26 @@ class ModelShape:
     max_positions: int = 0  # the model's own context length; 0: not said
     model_type: str = ""  # config.json's model_type
     eager_attention: bool = False  # the family trains with eager attention ([T, T] scores kept)
+    attention_block: int = 0  # queries per block of a block-wise training attention; 0: none
     shared_expert_intermediate: int = 0  # a shared expert's width beside the routed experts; 0: none
     gated_attention: bool = False  # q_proj also outputs a gate (2 x heads x head_dim), q/k norms
     linear: LinearAttention | None = None  # the linear-attention layers' sizes (hybrid models)
     linear_layers: int = 0  # how many of ``layers`` are linear attention; the rest full attention
+    sliding_layers: int = 0  # how many full-attention layers attend to the last ``sliding_window`` only
+    sliding_window: int = 0
+    global_kv_heads: int = 0  # the global (not sliding) layers' own KV heads and head size, where the
+    global_head_dim: int = 0  # config gives them apart (Gemma 4); 0: as every layer's
+    keys_as_values: bool = False  # the global layers reuse their keys as values (no v_proj)
+    quantization: Quantization | None = None  # how the checkpoint stores its weights (what vLLM serves)
+    vision_parameters: int = 0  # a vision-language checkpoint's vision tower, beside parameters()
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], eager_attention: bool = False) -> ModelShape:
+    def from_config(
+        cls, config: dict[str, Any], eager_attention: bool = False, attention_block: int = 0
+    ) -> ModelShape:
         """Read the sizes from a transformers config.json (a VLM's ``text_config`` when present).
-        ``eager_attention``: the model's family trains with eager attention."""
+        ``eager_attention``: the model's family trains with eager attention; ``attention_block``: with
+        a block-wise attention of that many queries a block."""
         text = config.get("text_config") or config
         hidden = int(_first(text, "hidden_size", "n_embd", "d_model"))
         heads = int(_first(text, "num_attention_heads", "n_head"))
@@ -108,6 +104,7 @@ class ModelShape:
         linear_layers = linear_layer_count(text, found.full_attention_interval if found else None, layers)
         linear = LinearAttention.from_config(lambda name: int(_first(text, name))) if linear_layers else None
         shared = int(_first(text, "shared_expert_intermediate_size", default=0)) if experts else 0
+        sliding = sum(kind == "sliding_attention" for kind in text.get("layer_types") or ())
         return cls(
             hidden=hidden,
             layers=layers,
@@ -125,10 +122,18 @@ class ModelShape:
             max_positions=int(_first(text, "max_position_embeddings", "n_positions", default=0)),
             model_type=str(config.get("model_type", "")),
             eager_attention=eager_attention,
+            attention_block=attention_block,
             shared_expert_intermediate=shared,
             gated_attention=found is not None and found.gated_attention,
             linear=linear,
             linear_layers=linear_layers,
+            sliding_layers=sliding if text.get("sliding_window") else 0,
+            sliding_window=int(text.get("sliding_window") or 0) if sliding else 0,
+            global_kv_heads=int(text.get("num_global_key_value_heads") or 0),
+            global_head_dim=int(text.get("global_head_dim") or 0),
+            keys_as_values=bool(text.get("attention_k_eq_v")),
+            quantization=Quantization.from_config(config),
+            vision_parameters=vision_tower_parameters(config.get("vision_config")),
         )
 
     @classmethod
@@ -140,8 +145,12 @@ class ModelShape:
         if not path.is_file():
             raise ModelShapeError(f"{directory} has no config.json: the plan needs the model's sizes")
         family = family_of(directory)
-        eager = family is not None and family.train_attn_implementation == "eager"
-        return cls.from_config(json.loads(path.read_text(encoding="utf-8")), eager_attention=eager)
+        attention = family.train_attn_implementation if family is not None else None
+        return cls.from_config(
+            json.loads(path.read_text(encoding="utf-8")),
+            eager_attention=attention == "eager",
+            attention_block=BLOCKWISE_ATTENTION.get(attention or "", 0),
+        )
 
     @property
     def full_layers(self) -> int:
@@ -185,6 +194,19 @@ class ModelShape:
             attention += shapes["q_proj"][1] + 2 * shapes["k_proj"][1]
         return attention + (2 * self.head_dim if self.gated_attention else 0)
 
+    @property
+    def global_layers(self) -> int:
+        """The full-attention layers with heads of their own (Gemma 4's global layers), 0 where every
+        full-attention layer has the same."""
+        return self.full_layers - self.sliding_layers if self.global_head_dim or self.global_kv_heads else 0
+
+    def _global_attention_extra(self) -> int:
+        """What one global layer's q/k/v/o have beyond :meth:`_attention_parameters`."""
+        width = self.global_head_dim or self.head_dim
+        kv = (self.global_kv_heads or self.kv_heads) * width
+        own = 2 * self.hidden * self.heads * width + self.hidden * kv * (1 if self.keys_as_values else 2)
+        return own - self._attention_parameters()
+
     def parameters(self) -> int:
         """Parameter count: embeddings, layers (attention or linear attention, MLP or experts + router
         and a shared expert with its gate, norms), head."""
@@ -194,6 +216,7 @@ class ModelShape:
             if self.shared_expert_intermediate:
                 mlp += 3 * self.hidden * self.shared_expert_intermediate + self.hidden
         mixers = self.full_layers * self._attention_parameters()
+        mixers += self.global_layers * self._global_attention_extra() if self.global_layers else 0
         if self.linear is not None:
             mixers += self.linear_layers * self.linear.parameters(self.hidden)
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
@@ -251,22 +274,6 @@ class ModelShape:
             AdaptedStack(name, *shapes[name][:2], rank=ranks[name], experts=shapes[name][2]) for name in ranks
         ]
 
-    def expert_lora_bytes(
-        self,
-        rank: int,
-        targets: Iterable[str] | str,
-        target_parameters: Sequence[str],
-        dtype_bytes: int,
-        checkpointing: bool,
-    ) -> int:
-        """What LoRA on stacked parameters keeps in the update: peft rebuilds each adapted stack in
-        full (W + BA, in the model's dtype) on every forward, and the backward keeps it; each layer
-        keeps its own (with checkpointing, only the layer being recomputed), and the backward holds
-        one layer's stacks' gradient besides."""
-        stacks = self.adapted_experts(rank, targets, target_parameters)
-        per_layer = sum(stack.weights for stack in stacks) * dtype_bytes
-        return per_layer * ((1 if checkpointing else self.layers) + 1)
-
     def eager_attention_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
         """Eager attention's [rows, heads, T, T] scores of one micro-batch of ``tokens`` tokens, at
         their largest: rows of the longest length T the model takes (at most ``tokens``). Each layer
@@ -275,6 +282,13 @@ class ModelShape:
         longest = min(tokens, self.max_positions) if self.max_positions else tokens
         per_layer = tokens * self.heads * longest * dtype_bytes  # rows x heads x T x T, rows = tokens / T
         return per_layer * ((1 if checkpointing else self.layers) + 2)
+
+    def attention_block_bytes(self, tokens: int) -> int:
+        """A block-wise attention's working scores for a micro-batch of ``tokens`` tokens, one layer at
+        a time (each block is recomputed in the backward, nothing kept across layers): a block's
+        float32 scores are ``rows x heads x block x keys`` (keys at most T, rows x T = ``tokens``), and
+        its softmax and backward hold four of them (scores, probabilities and their gradients)."""
+        return 4 * tokens * self.heads * self.attention_block * 4 if self.attention_block else 0
 
     def adapted_modules(self, targets: Iterable[str] | str, linear: bool = False) -> list[tuple[int, int]]:
         """(in, out) features of each module of one full-attention layer (``linear``: linear-attention
@@ -324,40 +338,18 @@ class ModelShape:
             return tokens * max(per_layer for _, per_layer in kept)
         return tokens * sum(count * per_layer for count, per_layer in kept)
 
-    def update_extras(
-        self,
-        tokens: int,
-        rank: int,
-        targets: Iterable[str] | str,
-        target_parameters: Sequence[str],
-        dtype_bytes: int,
-        checkpointing: bool,
-    ) -> list[tuple[str, int]]:
-        """What the update holds besides :meth:`activation_bytes` where LoRA adapts stacked
-        parameters or the family trains with eager attention: (label, bytes) for the plan."""
-        extras = []
-        stacks = self.adapted_experts(rank, targets, target_parameters)
-        if stacks:
-            names = ", ".join(stack.name for stack in stacks)
-            extras.append(
-                (
-                    f"stacks rebuilt with LoRA for the backward ({names})",
-                    self.expert_lora_bytes(rank, targets, target_parameters, dtype_bytes, checkpointing),
-                )
-            )
-        if self.eager_attention:
-            extras.append(
-                (
-                    f"eager attention scores ([rows, {self.heads} heads, T, T] per layer)",
-                    self.eager_attention_bytes(tokens, dtype_bytes, checkpointing),
-                )
-            )
-        return extras
-
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes one token takes across the full-attention layers (all of them but a hybrid
-        model's linear ones, which keep :meth:`state_bytes_per_sequence` instead)."""
-        return 2 * self.full_layers * self.kv_heads * self.head_dim * dtype_bytes
+        model's linear ones, which keep :meth:`state_bytes_per_sequence` instead), sliding-window
+        layers included as if they kept every token (:meth:`kv_bytes` caps them at their window)."""
+        return self.kv_bytes(1, dtype_bytes)
+
+    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """The KV cache of one sequence of ``tokens`` tokens: a sliding-window layer holds its window
+        at most; a global layer every token, in its own heads where the config gives them apart."""
+        sliding = self.sliding_layers * 2 * self.kv_heads * self.head_dim * min(tokens, self.sliding_window)
+        width = (self.global_kv_heads or self.kv_heads) * (self.global_head_dim or self.head_dim)
+        return (sliding + (self.full_layers - self.sliding_layers) * 2 * width * tokens) * dtype_bytes
 
     def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
         """The conv and recurrent states one sequence keeps across a hybrid model's linear-attention

@@ -1,14 +1,13 @@
-"""What each GPU of the node does in each phase of a step (sampling, update), the share of the step it
-is idle, and a sentence for a GPU the layout leaves idle (``rft plan`` prints them).
+"""What each GPU of the node does in each phase of a step (sampling, update), the share of the step it is
+idle, and a sentence for a GPU the layout leaves idle (``rft plan`` prints them).
 
-The phases' lengths are estimated from FLOPs per token at one rate for every GPU: sampling 2N per
-token (prefill and decode) spread over the GPUs that sample; the update 4N per token and optimizer
-pass (forward and the backward through frozen weights), 2N more with gradient checkpointing, 2N for
-a reference pass (``beta > 0``) and 2N for the learner's own old logprobs (importance-sampling
-correction over several passes), on the learner's one GPU. Decode runs at a lower rate per FLOP than
-training, so the sampling share is a lower bound. In the synchronous loop the phases follow each
-other; with ``max_off_policy_steps`` > 0 they overlap.
-"""
+The phases' lengths are estimated from FLOPs per token at one rate for every GPU: sampling 2N per token
+(prefill and decode) spread over the GPUs that sample; the update 4N per token and optimizer pass
+(forward and the backward through frozen weights), 2N more with gradient checkpointing, 2N for a
+reference pass (``beta > 0``) and 2N for the learner's own old logprobs (importance-sampling correction
+over several passes), split evenly over the learner's processes (one GPU each). Decode runs at a lower
+rate per FLOP than training, so the sampling share is a lower bound. In the synchronous loop the phases
+follow each other; with ``max_off_policy_steps`` > 0 they overlap."""
 
 from __future__ import annotations
 
@@ -63,34 +62,40 @@ def update_flops_per_token(config: TrainConfig) -> int:
     return config.num_iterations * per_pass + extra
 
 
-def node_work(config: TrainConfig, placement: Placement, node: Node) -> NodeWork | None:
-    """Each GPU's work per phase; None without GPUs or with a ``ray`` section (Ray places the
-    replicas and learner workers on the cluster, not on this node's plan)."""
+def node_work(
+    config: TrainConfig, placement: Placement, node: Node, sharded: bool = False
+) -> NodeWork | None:
+    """Each GPU's work per phase (``sharded``: the learner's processes hold a shard of the model
+    each); None without GPUs or with a ``ray`` section (Ray places the replicas and learner workers
+    on the cluster, not on this node's plan)."""
     if not node.gpus or config.ray is not None:
         return None
     sampling_roles = _sampling_roles(config, placement)
     # An attached vLLM server samples elsewhere: count it as one GPU's worth of sampling time.
     sampling = 2 / max(len(sampling_roles), 1)
     update = float(update_flops_per_token(config))
-    learner = placement.learner_gpu
+    learners = placement.learner_gpus
+    # The learner's processes split the update's micro-batches (and, sharded, the model) evenly.
+    share = update / max(len(learners), 1)
     busy = {
         gpu.index: (sampling if gpu.index in sampling_roles else 0.0)
-        + (update if gpu.index == learner else 0.0)
+        + (share if gpu.index in learners else 0.0)
         for gpu in node.gpus
     }
+    role = f"learner (FSDP2 shard of {len(learners)})" if sharded else "learner"
     overlapped = config.max_off_policy_steps > 0
-    step = max([sampling, update, *busy.values()]) if overlapped else sampling + update
+    step = max([sampling, share, *busy.values()]) if overlapped else sampling + share
     gpus = [
         GpuWork(
             gpu.index,
             sampling_roles.get(gpu.index, IDLE),
-            "learner" if gpu.index == learner else _asleep(config, gpu.index, sampling_roles),
+            role if gpu.index in learners else _asleep(config, gpu.index, sampling_roles),
             1 - busy[gpu.index] / step,
         )
         for gpu in node.gpus
     ]
     return NodeWork(
-        gpus, sampling / (sampling + update), update / (sampling + update), overlapped, _notes(config, gpus)
+        gpus, sampling / (sampling + share), share / (sampling + share), overlapped, _notes(config, gpus)
     )
 
 
@@ -102,7 +107,7 @@ def _asleep(config: TrainConfig, index: int, sampling_roles: dict[int, str]) -> 
 
 def _notes(config: TrainConfig, gpus: list[GpuWork]) -> list[str]:
     notes = []
-    unused = [gpu.index for gpu in gpus if gpu.sampling == IDLE and gpu.update != "learner"]
+    unused = [gpu.index for gpu in gpus if gpu.sampling == IDLE and not gpu.update.startswith("learner")]
     if unused:
         names = ", ".join(map(str, unused))
         notes.append(
@@ -113,12 +118,6 @@ def _notes(config: TrainConfig, gpus: list[GpuWork]) -> list[str]:
         notes.append(
             "In the synchronous loop (max_off_policy_steps: 0) the sampling GPUs wait during each update "
             "and the learner's GPU during sampling; max_off_policy_steps: 1 overlaps the two phases."
-        )
-    if waiting or unused:
-        notes.append(
-            "The update runs in one learner process on one GPU: data-parallel learner processes on "
-            "one node without Ray are not built yet (with a ray section, ray.learner_workers trains on "
-            "several GPUs; docs/ray.md)."
         )
     return notes
 
@@ -140,7 +139,8 @@ def _remedy(config: TrainConfig) -> str:
         return "learner.device: auto trains on a GPU of its own"
     return (
         "they are fewer than one vLLM replica needs (vllm.tensor_parallel_size); a smaller "
-        "tensor-parallel size, where the model fits, or learner workers on Ray would use them"
+        "tensor-parallel size, where the model fits, or more learner processes (learner.processes) "
+        "would use them"
     )
 
 

@@ -69,9 +69,14 @@ class Placement:
         return _index(self.learner_device)
 
     @property
+    def learner_gpus(self) -> list[int]:
+        """The GPUs of the learner's processes."""
+        return [index for index in map(_index, self.learner_process_devices) if index is not None]
+
+    @property
     def shared_gpus(self) -> list[int]:
         """GPUs both vLLM and the learner use."""
-        return [gpu for gpu in self.vllm_devices if gpu == self.learner_gpu]
+        return [gpu for gpu in self.vllm_devices if gpu in self.learner_gpus]
 
 
 def _index(device: str) -> int | None:
@@ -152,23 +157,18 @@ def place(config: TrainConfig, node: Node, shape: ModelShape | None = None) -> P
     tensor-parallel size defaults to 1); raises :class:`PlacementError`."""
     layout = _vllm(config, node, shape)
     vllm = layout.devices
-    learner = config.learner.device
-    if learner == "auto":
-        free = [gpu.index for gpu in node.gpus if gpu.index not in vllm]
-        learner = f"cuda:{free[0]}" if free else (f"cuda:{vllm[0]}" if vllm else "cpu")
-    elif learner == "cuda":
-        learner = "cuda:0"
+    learner, learner_devices = _learner(config, node, vllm)
     engine = config.hf.device if config.hf.device != "auto" else learner
     if engine == "cuda":
         engine = "cuda:0"
-    named = [_index(learner), _index(engine)]
+    named = [_index(learner), _index(engine), *map(_index, learner_devices)]
     if config.ray is not None:
         # This node runs the learner's plan only: each replica actor places its own engine.
         engine = RAY_REPLICAS
-        named = named[:1]
+        del named[1]
     elif config.engine == "vllm":
         engine = "cuda:" + ",".join(map(str, vllm)) if vllm else "cpu"
-        named = named[:1]
+        del named[1]
     used = {index for index in named if index is not None} | set(vllm)
     known = {gpu.index for gpu in node.gpus}
     if node.gpus and not used <= known:
@@ -185,7 +185,31 @@ def place(config: TrainConfig, node: Node, shape: ModelShape | None = None) -> P
         vllm_devices=vllm,
         vllm_tensor_parallel=layout.tensor_parallel,
         vllm_data_parallel=layout.data_parallel,
+        learner_devices=learner_devices,
     )
+
+
+def _learner(config: TrainConfig, node: Node, vllm: list[int]) -> tuple[str, tuple[str, ...]]:
+    """The learner's device and, with several processes (``learner.processes``; on Ray, Ray places
+    the learner workers), each one's: the GPUs vLLM was not given first, then vLLM's (shared)."""
+    processes = (config.learner.processes or 1) if config.ray is None else 1
+    learner = "cuda:0" if config.learner.device == "cuda" else config.learner.device
+    if learner == "auto":
+        pool = [gpu.index for gpu in node.gpus if gpu.index not in vllm] + vllm
+        indices = pool[:processes]
+    else:
+        first = _index(learner)
+        indices = [] if first is None else list(range(first, first + processes))
+    if node.gpus and indices and len(indices) < processes:
+        raise PlacementError(
+            f"learner.processes is {processes} but the node has {len(node.gpus)} GPU(s): lower "
+            "learner.processes (one GPU each)"
+        )
+    if not indices:
+        device = "cpu" if learner == "auto" else learner
+        return device, (device,) * processes if processes > 1 else ()
+    devices = tuple(f"cuda:{index}" for index in indices)
+    return devices[0], devices if processes > 1 else ()
 
 
 def _dtype(name: str, device: str) -> str:

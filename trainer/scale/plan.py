@@ -11,53 +11,24 @@ suggestion is checked by planning again with it). ``rft train`` runs the same ch
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.scale.layout import CUDA_OVERHEAD_BYTES, vllm_needs
-from trainer.scale.memory import DTYPE_BYTES, GB, LORA_TRAINING_BYTES, ModelShape, ModelShapeError
+from trainer.scale.device_plan import DevicePlan, Item, Phase, device_plan, process_overhead
+from trainer.scale.learner_memory import learner_items, shards
+from trainer.scale.memory import CUDA_OVERHEAD_BYTES, DTYPE_BYTES, GB, ModelShape, ModelShapeError
 from trainer.scale.phases import NodeWork, node_work, render_work, work_dict
-from trainer.scale.placement import Node, Placement, detect_gpus, node_for, place
+from trainer.scale.placement import Node, Placement, place
+from trainer.scale.vllm_memory import serving_dtype, vllm_label, vllm_need
 
-Phase = Literal["always", "rollouts", "update"]
 log = logging.getLogger(__name__)
 
 
 class PlanError(ValueError):
     """The config cannot fit (or cannot be planned); the message says what to change."""
-
-
-@dataclass(frozen=True)
-class Item:
-    label: str
-    bytes: int
-    phase: Phase = "always"
-
-
-@dataclass
-class DevicePlan:
-    """What one device holds; ``capacity`` is None when its memory is unknown."""
-
-    device: str
-    capacity: int | None
-    items: list[Item] = field(default_factory=list)
-
-    def phase_total(self, phase: Phase) -> int:
-        return sum(item.bytes for item in self.items if item.phase in ("always", phase))
-
-    @property
-    def peak(self) -> tuple[int, Phase]:
-        rollouts, update = self.phase_total("rollouts"), self.phase_total("update")
-        return (update, "update") if update >= rollouts else (rollouts, "rollouts")
-
-    @property
-    def fits(self) -> bool:
-        return self.capacity is None or self.peak[0] <= self.capacity
 
 
 @dataclass
@@ -70,6 +41,9 @@ class Plan:
     devices: list[DevicePlan]
     problems: list[str] = field(default_factory=list)
     work: NodeWork | None = None  # what each GPU does per phase
+    serving_dtype: str | None = None  # vLLM's --dtype on GPUs (None: no vLLM rftkit starts on them)
+    choices: list[str] = field(default_factory=list)  # what the plan chose and why (choices.resolve)
+    shards: int = 1  # the learner's weights split over its processes (FSDP2); 1: each holds them whole
 
     @property
     def fits(self) -> bool:
@@ -82,7 +56,9 @@ class Plan:
             "gpus_present": self.node.present,
             "placement": {
                 "learner": self.placement.learner_device,
+                "learner_devices": list(self.placement.learner_process_devices),
                 "learner_dtype": self.placement.learner_dtype,
+                "vllm_dtype": self.serving_dtype,
                 "engine": self.placement.engine_device,
                 "vllm_devices": self.placement.vllm_devices,
                 "vllm_tensor_parallel": self.placement.vllm_tensor_parallel,
@@ -100,88 +76,10 @@ class Plan:
                 for device in self.devices
             ],
             "problems": self.problems,
+            "choices": self.choices,
             "fits": self.fits,
             "phases": work_dict(self.work) if self.work is not None else None,
         }
-
-
-def _device(plans: dict[str, DevicePlan], node: Node, device: str) -> DevicePlan:
-    if device not in plans:
-        capacity = _host_memory()
-        if device.startswith("cuda"):
-            index = int(device.partition(":")[2] or 0)
-            capacity = node.gpus[index].memory_bytes if index < len(node.gpus) else None
-        plans[device] = DevicePlan(device, capacity)
-    return plans[device]
-
-
-def _host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _process_overhead(device: str, owner: str) -> list[Item]:
-    return (
-        [Item(f"{owner} CUDA context + allocator slack", CUDA_OVERHEAD_BYTES)]
-        if device.startswith("cuda")
-        else []
-    )
-
-
-def _learner_items(config: TrainConfig, shape: ModelShape, placement: Placement) -> list[Item]:
-    dtype = placement.learner_dtype
-    width = DTYPE_BYTES[dtype]
-    tokens = config.max_tokens_per_microbatch
-    lora = shape.lora_parameters(config.lora.r, config.lora.target_modules, config.lora.target_parameters)
-    reference = lora * 4 if config.init_adapter is not None and config.beta > 0 else 0
-    checkpointing = config.learner.gradient_checkpointing
-    chunk = min(config.learner.logits_chunk_size, tokens)
-    return [
-        Item(
-            f"learner weights ({shape.parameters() / 1e9:.2f} B params, {dtype})", shape.parameters() * width
-        ),
-        Item(
-            f"LoRA r={config.lora.r} + grads + AdamW ({lora / 1e6:.1f} M params, float32)",
-            lora * LORA_TRAINING_BYTES + reference,
-        ),
-        Item(
-            f"activations ({tokens} tokens/micro-batch, checkpointing {'on' if checkpointing else 'off'})",
-            shape.activation_bytes(tokens, width, checkpointing),
-            "update",
-        ),
-        Item(
-            f"LoRA inputs kept for backward ({shape.most_adapted_modules(config.lora.target_modules)} "
-            "adapted modules/layer, float32)",
-            shape.lora_activation_bytes(
-                tokens,
-                config.lora.r,
-                config.lora.target_modules,
-                width,
-                checkpointing,
-                dropout=config.lora.lora_dropout > 0,
-            ),
-            "update",
-        ),
-        *(
-            Item(label, size, "update")
-            for label, size in shape.update_extras(
-                tokens,
-                config.lora.r,
-                config.lora.target_modules,
-                config.lora.target_parameters,
-                width,
-                checkpointing,
-            )
-        ),
-        Item(
-            f"logits chunk ({chunk} positions x {shape.vocab} vocab)",
-            shape.logits_bytes(chunk, width),
-            "update",
-        ),
-        *_process_overhead(placement.learner_device, "learner"),
-    ]
 
 
 def _hf_engine_items(config: TrainConfig, shape: ModelShape, placement: Placement) -> list[Item]:
@@ -190,137 +88,87 @@ def _hf_engine_items(config: TrainConfig, shape: ModelShape, placement: Placemen
     # A KV cache for every running row (prompts assumed as long as completions) in the full-attention
     # layers; a hybrid model's linear-attention layers keep fixed-size states per row instead.
     rows = config.hf.max_batch_size
-    tokens = rows * 2 * config.max_completion_length
+    length = 2 * config.max_completion_length
     full = f", {shape.full_layers} full-attention layers" if shape.linear_layers else ""
     items = [
         Item(f"hf engine weights ({dtype})", shape.parameters() * width),
-        Item(f"hf engine KV cache ({tokens} tokens{full})", shape.kv_bytes_per_token(width) * tokens),
+        Item(f"hf engine KV cache ({rows * length} tokens{full})", shape.kv_bytes(length, width) * rows),
     ]
     if shape.linear_layers:
         label = f"hf engine linear-attention states ({rows} rows x {shape.linear_layers} layers)"
         items.append(Item(label, shape.state_bytes_per_sequence(width) * rows))
     if placement.engine_device != placement.learner_device:
-        items += _process_overhead(placement.engine_device, "hf engine")
+        items += process_overhead(placement.engine_device, "hf engine")
     return items
 
 
 def _vllm_items(
     config: TrainConfig, shape: ModelShape, placement: Placement, plans: dict[str, DevicePlan], node: Node
 ) -> list[str]:
-    """Add vLLM's share to each of its GPUs; return the problems (a share too small for vLLM)."""
+    """Add what vLLM holds to each of its GPUs (:func:`vllm_need`; its KV cache is the rest of its share
+    of the GPU, ``vllm.gpu_memory_utilization``); return the problems (a share too small for vLLM)."""
     vllm, problems = config.vllm, []
-    need, context = vllm_needs(config, shape, placement.vllm_tensor_parallel)
+    tensor = placement.vllm_tensor_parallel
+    need = vllm_need(config, shape, tensor)
     awake: Phase = "rollouts" if vllm.enable_sleep_mode else "always"
+    fixed = [
+        Item(vllm_label(config, shape, tensor), need.weights, awake),
+        Item(
+            f"vLLM LoRA slots ({vllm.max_loras} x rank {vllm.lora_rank_for(config.adapter_rank())})",
+            need.loras,
+            awake,
+        ),
+        Item("vLLM activations (8192 batched tokens) + CUDA graphs", need.working, awake),
+        Item("vLLM CUDA context", need.context, awake),
+    ]
     for index in placement.vllm_devices:
-        device = _device(plans, node, f"cuda:{index}")
-        # vLLM takes its share of the GPU's total memory (its CUDA context included).
-        if device.capacity:
-            share = int(vllm.gpu_memory_utilization * device.capacity)
-            label = f"vLLM share ({vllm.gpu_memory_utilization:g} of the GPU)"
-        else:
-            share, label = need, f"vLLM at least (weights, LoRA slots, one {context}-token sequence)"
-        device.items.append(Item(label, share, awake))
+        device = device_plan(plans, node, f"cuda:{index}")
+        # vLLM takes its share of the GPU's total memory; its KV cache is what the rest leaves.
+        share = int(vllm.gpu_memory_utilization * device.capacity) if device.capacity else need.total
+        cache = share - sum(item.bytes for item in fixed)
+        sliding = (
+            f", {shape.sliding_layers} layers hold {shape.sliding_window}" if shape.sliding_layers else ""
+        )
+        label = (
+            f"vLLM KV cache, rest of its {vllm.gpu_memory_utilization:g} share (run needs "
+            f"{need.kv_cache / GB:.1f} GB: {need.sequences} x {need.sequence_tokens} tokens{sliding})"
+        )
+        device.items += [*fixed, Item(label, max(cache, 0), awake)]
         if vllm.enable_sleep_mode:
             device.items.append(Item("vLLM asleep (its CUDA context)", CUDA_OVERHEAD_BYTES, "update"))
-        if share < need:
+        if cache < need.minimum_kv:
             states = " and linear-attention states" if shape.linear_layers else ""
+            raise_share = (
+                "raise vllm.gpu_memory_utilization (or unset it: the plan derives it), "
+                if "gpu_memory_utilization" in vllm.model_fields_set
+                else ""
+            )
             problems.append(
                 f"vLLM's share of {device.device} ({share / GB:.1f} GB) cannot hold its weights, LoRA "
-                f"slots and one {context}-token sequence's KV cache{states} ({need / GB:.1f} GB): raise "
-                "vllm.gpu_memory_utilization, set a smaller vllm.max_model_len, or raise "
+                f"slots and one {need.max_model_len}-token sequence's KV cache{states} "
+                f"({need.least / GB:.1f} GB): {raise_share}set a smaller vllm.max_model_len, or raise "
                 "vllm.tensor_parallel_size"
             )
     return problems
 
 
 def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
-    """The memory plan of ``config`` for a model of ``shape`` on ``node`` (no advice)."""
+    """The memory plan of ``config`` for a model of ``shape`` on ``node`` (no choices, no advice)."""
     placement = place(config, node, shape)
     plans: dict[str, DevicePlan] = {}
-    _device(plans, node, placement.learner_device).items.extend(_learner_items(config, shape, placement))
+    for device in placement.learner_process_devices:
+        device_plan(plans, node, device).items.extend(learner_items(config, shape, placement, device))
     problems: list[str] = []
+    served = None
     if config.engine == "hf" and config.ray is None:
-        _device(plans, node, placement.engine_device).items.extend(_hf_engine_items(config, shape, placement))
+        engine = device_plan(plans, node, placement.engine_device)
+        engine.items.extend(_hf_engine_items(config, shape, placement))
     elif placement.vllm_devices:
         problems = _vllm_items(config, shape, placement, plans, node)
-    return Plan(shape, placement, node, list(plans.values()), problems, node_work(config, placement, node))
-
-
-def _changed(config: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
-    data = config.model_dump()
-    for key, value in changes.items():
-        node = data
-        *sections, last = key.split(".")
-        for section in sections:
-            node = node[section]
-        node[last] = value
-    return TrainConfig.model_validate(data)
-
-
-def _candidates(config: TrainConfig, plan: Plan) -> list[dict[str, Any]]:
-    """Changes worth trying, one lever at a time, then two together."""
-    levers: list[dict[str, Any]] = []
-    free = [gpu.index for gpu in plan.node.gpus if gpu.index not in plan.placement.vllm_devices]
-    if plan.placement.shared_gpus and free:
-        levers.append({"learner.device": f"cuda:{free[0]}"})
-    if not config.learner.gradient_checkpointing:
-        levers.append({"learner.gradient_checkpointing": True})
-    if plan.placement.learner_dtype == "float32" and plan.placement.learner_device.startswith("cuda"):
-        levers.append({"learner.dtype": "bfloat16"})
-    if plan.placement.shared_gpus and not config.vllm.enable_sleep_mode:
-        levers.append({"vllm.enable_sleep_mode": True})
-    tokens = config.max_tokens_per_microbatch // 2
-    while tokens >= 256:
-        levers.append({"max_tokens_per_microbatch": tokens})
-        tokens //= 2
-    if plan.placement.shared_gpus:
-        share = config.vllm.gpu_memory_utilization - 0.05
-        while share > 0.04:
-            levers.append({"vllm.gpu_memory_utilization": round(share, 2)})
-            share -= 0.05
-    pairs = [{**a, **b} for i, a in enumerate(levers[:3]) for b in levers[i + 1 :] if a.keys() != b.keys()]
-    return levers + pairs
-
-
-def advice(config: TrainConfig, plan: Plan) -> str:
-    """Why it does not fit and what to change: a sentence per problem."""
-    device = next((device for device in plan.devices if not device.fits), None)
-    sentences = [_device_advice(config, plan, device)] if device is not None else []
-    return " ".join(sentences + plan.problems)
-
-
-def _device_advice(config: TrainConfig, plan: Plan, device: DevicePlan) -> str:
-    """Why ``device`` overflows and the first checked change that makes the whole plan fit."""
-    peak, phase = device.peak
-    assert device.capacity is not None
-    head = (
-        f"{device.device} needs about {peak / GB:.1f} GB at its peak (during the {phase}) but has "
-        f"{device.capacity / GB:.1f} GB"
-    )
-    for changes in _candidates(config, plan):
-        trial = make_plan(_changed(config, changes), plan.shape, plan.node)
-        if trial.fits:
-            setting = " and ".join(f"{key}={json.dumps(value)}" for key, value in changes.items())
-            largest = max(trial.devices, key=lambda d: d.peak[0])
-            return (
-                f"{head}; it fits with {setting} (then the largest peak is {largest.peak[0] / GB:.1f} GB, "
-                f"on {largest.device})."
-            )
-    weights = plan.shape.parameters() * DTYPE_BYTES[plan.placement.learner_dtype]
-    other_gpu = "" if config.ray is not None else " put vLLM on another GPU (vllm.devices),"
-    return (
-        f"{head}, and no setting rftkit can change makes it fit (the learner's weights alone take "
-        f"{weights / GB:.1f} GB in {plan.placement.learner_dtype}): use a GPU with more memory,"
-        f"{other_gpu} or choose a smaller model."
-    )
-
-
-def check(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
-    """The plan, or :class:`PlanError` with a sentence that says what to change."""
-    plan = make_plan(config, shape, node)
-    if not plan.fits:
-        raise PlanError(f"this config does not fit: {advice(config, plan)}")
-    return plan
+        served = serving_dtype(config, shape)
+    parts = shards(config, placement)
+    work = node_work(config, placement, node, parts > 1)
+    return Plan(shape, placement, node, list(plans.values()), problems, work, served, shards=parts)
 
 
 def render(plan: Plan) -> str:
@@ -329,14 +177,15 @@ def render(plan: Plan) -> str:
     gpus = f"{len(node.gpus)} GPU(s)" + ("" if node.present else " planned for") if node.gpus else "no GPU"
     shape = plan.shape
     active = f", {shape.active_parameters() / 1e9:.3f} B active per token" if shape.experts else ""
+    active += f", and a {shape.vision_parameters / 1e9:.3f} B vision tower" if shape.vision_parameters else ""
     hybrid = (
         f": {shape.linear_layers} linear attention, {shape.full_layers} full" if shape.linear_layers else ""
     )
     lines = [
         f"model: {shape.parameters() / 1e9:.3f} B parameters{active} ({shape.layers} layers{hybrid}, hidden "
         f"{shape.hidden}, vocabulary {shape.vocab}); node: {gpus}",
-        f"placement: learner on {placement.learner_device} ({placement.learner_dtype}), engine on "
-        f"{placement.engine_device} ({placement.engine_dtype})"
+        f"placement: learner on {_learner_where(plan)} ({placement.learner_dtype}), engine on "
+        f"{placement.engine_device} ({plan.serving_dtype or placement.engine_dtype})"
         + (f", sharing GPU {placement.shared_gpus[0]}" if placement.shared_gpus else "")
         + (
             f"; vLLM: {placement.vllm_data_parallel} replica(s) x {placement.vllm_tensor_parallel} GPU(s)"
@@ -344,6 +193,12 @@ def render(plan: Plan) -> str:
             else ""
         ),
     ]
+    if plan.serving_dtype is not None:
+        checkpoint = f" (the checkpoint's own: {shape.dtype})" if shape.dtype != plan.serving_dtype else ""
+        lines.append(
+            f"dtypes: the learner trains in {placement.learner_dtype}, vLLM serves in "
+            f"{plan.serving_dtype}{checkpoint}"
+        )
     if not node.present and any(device.device.startswith("cuda") for device in plan.devices):
         lines.append(
             "no GPU is present on this machine (torch sees no CUDA device): figures are estimates for "
@@ -356,7 +211,18 @@ def render(plan: Plan) -> str:
         peak, phase = device.peak
         verdict = "not checked" if device.capacity is None else "fits" if device.fits else "DOES NOT FIT"
         lines.append(f"  {'peak (' + phase + ')':<66} {peak / GB:8.2f} GB  {verdict}")
-    return "\n".join(lines + (render_work(plan.work) if plan.work is not None else []))
+    lines += render_work(plan.work) if plan.work is not None else []
+    # A plan that fits says what it chose; one that does not, what it tried (the closest candidate).
+    said = "chosen" if plan.fits else "tried"
+    return "\n".join(lines + [f"{said}: {choice}" for choice in plan.choices])
+
+
+def _learner_where(plan: Plan) -> str:
+    devices = plan.placement.learner_process_devices
+    if len(devices) == 1:
+        return devices[0]
+    how = f"a 1/{plan.shards} FSDP2 shard" if plan.shards > 1 else "the whole model"
+    return f"{len(devices)} processes on {', '.join(devices)} (each holds {how})"
 
 
 def shape_for(model_dir: str | Path) -> ModelShape:
@@ -370,28 +236,3 @@ def shape_for(model_dir: str | Path) -> ModelShape:
         return ModelShape.from_model_dir(model_dir)
     except ModelShapeError as error:
         raise PlanError(str(error)) from None
-
-
-def preflight(config: TrainConfig, model_dir: str | Path) -> Placement:
-    """What ``rft train`` runs first: the placement, after checking the plan (:class:`PlanError`)."""
-    node = node_for(config, detect_gpus())
-    try:
-        shape: ModelShape | None = shape_for(model_dir)
-    except PlanError:
-        shape = None  # a hub id the engine resolves itself: nothing to estimate from
-    placement = place(config, node, shape)
-    uses_cuda = placement.vllm_devices or any(
-        device.startswith("cuda") for device in (placement.learner_device, placement.engine_device)
-    )
-    if uses_cuda and not node.present:
-        raise PlanError(
-            f"the config places the learner on {placement.learner_device} and the engine on "
-            f"{placement.engine_device}, but torch sees no CUDA device here: set learner.device: cpu "
-            "(and hf.device), or run on a machine with a GPU and a CUDA build of torch"
-        )
-    if shape is None:
-        log.info("no memory plan: %s is not a local model directory", model_dir)
-        return placement
-    plan = check(config, shape, node)
-    log.info("memory plan:\n%s", render(plan))
-    return plan.placement

@@ -1,5 +1,6 @@
-"""``rft plan CONFIG``: the memory plan of a training config, printed (or as JSON), and refused with
-the change that makes it fit when a device's peak exceeds its memory (:mod:`trainer.scale.plan`)."""
+"""``rft plan CONFIG``: the memory plan of a training config with the settings the plan chooses to make
+it fit (:mod:`trainer.scale.choices`, as ``rft train`` applies them), printed (or as JSON), and
+refused with the change that makes it fit when no choice does (:mod:`trainer.scale.plan`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 import sys
 
 from trainer.config import ConfigError, load_config
+from trainer.scale.choices import advice, resolve
 from trainer.scale.placement import PlacementError, detect_gpus, node_for
-from trainer.scale.plan import PlanError, advice, make_plan, render, shape_for
+from trainer.scale.plan import PlanError, render, shape_for
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,12 +36,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         shape = shape_for(config.model)
         node = node_for(config, detect_gpus())
-        plan = make_plan(config, shape, node)
+        resolved = resolve(config, shape, node)
+        plan = resolved.plan
     except (ConfigError, PlanError, PlacementError) as error:
         print(f"rft plan: {error}", file=sys.stderr)
         return 2
     print(json.dumps(plan.as_dict(), indent=2) if args.json else render(plan))
     if not plan.fits:
-        print(f"refused: {advice(config, plan)}", file=sys.stderr)
+        print(f"refused: {advice(resolved.config, plan)}", file=sys.stderr)
         return 1
     return 0
