@@ -1,8 +1,10 @@
 """Attaching to a vLLM server someone else started the plain way (`vllm serve MODEL`: no served name, no
-LoRA): `rft serve --vllm-url` refuses at start with a sentence that says how to start it.
+LoRA), returning processed logprobs (`--logprobs-mode processed_logprobs`): `rft serve --vllm-url`
+refuses at start with a sentence that names each flag to add.
 
-One real vLLM start (about 20-40 s on two cores); the served-name adoption on a LoRA server is tested
-against the module server of ``test_vllm_engine.py``.
+One real vLLM start (about 20-40 s on two cores); attaching to a server with LoRA and raw logprobs
+(the served-name adoption, the logprobs check passing) is tested against the module server of
+``test_vllm_engine.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def plain_vllm(
     log = (tmp_path_factory.mktemp("vllm") / "vllm.log").open("wb")
     command = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    command += ["--logprobs-mode", "processed_logprobs"]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -53,7 +56,7 @@ def plain_vllm(
         log.close()
 
 
-def test_rft_serve_refuses_a_vllm_without_lora_and_says_how_to_start_it(
+def test_rft_serve_refuses_a_vllm_without_lora_or_raw_logprobs_and_says_how_to_start_it(
     plain_vllm: str, tiny_model_dir: Path
 ) -> None:
     # It serves the model under its path, not under 'policy'.
@@ -82,3 +85,8 @@ def test_rft_serve_refuses_a_vllm_without_lora_and_says_how_to_start_it(
     assert "was started without LoRA" in done.stdout
     assert "restart it with `--enable-lora --max-lora-rank" in done.stdout
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in done.stdout
+    assert (
+        "its logprobs are not the model's own (processed: the runner-up token that top-p left out came "
+        "back with no logprob), and GRPO compares them with the learner's: restart it with "
+        "`--logprobs-mode raw_logprobs` (vLLM's default)."
+    ) in done.stdout, done.stdout
