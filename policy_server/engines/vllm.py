@@ -131,14 +131,12 @@ class VLLMEngine(VLLMLauncher):
         # attached server runs on another machine, whose CPU and dtype are its own).
         on_cpu_here = cpu_build and not self._attached
         self._cpu_family_args = cpu_family_args(Path(model_dir), dtype) if on_cpu_here else ()
-        self._cuda_visible_devices = cuda_visible_devices
-        self._extra_args = list(extra_args)
-        self._api_key = api_key
+        self._cuda_visible_devices, self._extra_args = cuda_visible_devices, list(extra_args)
+        self._api_key, self._checked = api_key, checked
         self._startup_timeout_s, self._request_timeout_s = startup_timeout_s, request_timeout_s
         # A server rftkit starts runs with --logprobs-mode raw_logprobs; an attached one is refused
         # at start unless its logprobs are raw (vllm_attach.py).
         self.logprobs_mode: LogprobsMode = "raw"
-        self._checked = checked
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
         self._client: httpx.AsyncClient | None = None
