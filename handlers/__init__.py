@@ -61,6 +61,7 @@ _LAZY: dict[str, str] = {
             "is_runtime_arn",
             "read_answer",
             "runtime_session_id",
+            "unreachable",
         ],
         "handlers.agent_client",
     ),
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
         is_runtime_arn,
         read_answer,
         runtime_session_id,
+        unreachable,
     )
     from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
     from handlers.credentials import agent_refusal, credential_sent, exposure_refusal, is_loopback
@@ -204,6 +206,7 @@ __all__ = [
     "rft_handler",
     "runtime_session_id",
     "serve_in_thread",
+    "unreachable",
     "http_url",
     "lazy_attributes",
     "agent_refusal",

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from handlers.protocol import ResultStatus
 
@@ -60,6 +63,33 @@ def invocations_url(target: str) -> str:
     """``{target}/invocations``, unless the URL already ends there."""
     target = target.rstrip("/")
     return target if target.endswith("/invocations") else f"{target}/invocations"
+
+
+def unreachable(target: str, *, timeout_s: float = 5.0) -> str | None:
+    """Why nothing can be connected to at the agent URL ``target`` (nothing listens there, its host is
+    unknown or out of reach), in a sentence; None when a connection opens, for AgentCore ARNs, and
+    for a URL the environment sends through a proxy.
+
+    A TCP connect only: whether the server there is the agent, and answers, is for the calls to show.
+    """
+    if is_runtime_arn(target):
+        return None
+    url = urlsplit(target)
+    host = url.hostname or ""
+    if getproxies().get(url.scheme) and not proxy_bypass(host):
+        return None  # reached through a proxy (as httpx's calls are): a direct connect proves nothing
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"nothing listens at {target} (connection refused)"
+    except socket.gaierror as error:
+        return f"the host {host!r} of {target} is not found ({error.strerror})"
+    except TimeoutError:
+        return f"{target} accepted no connection within {timeout_s:g} s (a firewall, or the wrong host)"
+    except OSError as error:
+        return f"{target} cannot be reached: {error.strerror or error}"
 
 
 def runtime_session_id(rollout_id: str) -> str:

@@ -38,6 +38,7 @@ from handlers.agent_client import (
     invoke_runtime,
     read_answer,
     runtime_session_id,
+    unreachable,
 )
 from handlers.protocol import (
     JOB_ARN_HEADER,
@@ -69,6 +70,12 @@ HEALTHY_SENTENCE = (
 )
 NOT_STARTING_SENTENCE = (
     "the server is not starting: is app.run() called, is the entrypoint outermost, is the port 8080?"
+)
+# Without --model every model call is refused, so the agent never plays: said in every such report.
+NO_EPISODE_PLAYED = (
+    "the agent's play: no episode was played (every model call was answered 400), so tools or a reward "
+    "that fail once the model answers pass here; --model DIR plays real episodes against a local model "
+    "(`rft model tiny DIR` builds one)"
 )
 ACCESS_DENIED_SENTENCE = "access denied (403): the ARN or key belongs to another account or job"
 # What botocore-based signers (AWS's sagemaker-train SDK) say when the agent's environment has no keys.
@@ -251,7 +258,7 @@ def smoke_url(
             response = httpx.post(invocations_url(target), json=sent.to_wire(), timeout=timeout)
         except httpx.ConnectError as exc:
             observations = [f"could not connect to {invocations_url(target)}: {exc}"]
-            return SmokeReport(target, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
+            return SmokeReport(target, Outcome.NOT_REACHABLE, _not_connected(target), observations)
         except httpx.TimeoutException:
             observations = [f"no answer from {invocations_url(target)} within {timeout:g} s"]
             return SmokeReport(target, Outcome.NOT_REACHABLE, NOT_STARTING_SENTENCE, observations)
@@ -265,6 +272,15 @@ def smoke_url(
             report = SmokeReport(target, Outcome.ACCESS_DENIED, refused, report.observations[:1])
         report.observations.append(credential_line(recording, demand))
         return report
+
+
+def _not_connected(target: str) -> str:
+    """The verdict when no connection to the agent opened: nothing there (the URL, or the agent not
+    started), else a server that is not up yet."""
+    reason = unreachable(target)
+    if reason is None:
+        return NOT_STARTING_SENTENCE
+    return f"{reason}: check the URL's host and port, and that the agent runs there (python main.py)"
 
 
 def _judge_answer(

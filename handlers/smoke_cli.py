@@ -26,6 +26,7 @@ from handlers.smoke import (
     DEFAULT_PAYLOAD_PATH,
     DEFAULT_TIMEOUT_S,
     EXIT_CANNOT_RUN,
+    NO_EPISODE_PLAYED,
     Outcome,
     SmokeReport,
     smoke_arn,
@@ -93,6 +94,15 @@ def _parser() -> argparse.ArgumentParser:
         help="also take the SageMaker SDK's bearer tokens, as policy_server.accept_sagemaker_tokens",
     )
     parser.add_argument(
+        "--sagemaker-access-key-id",
+        dest="sagemaker_access_key_ids",
+        action="append",
+        default=[],
+        metavar="AKID",
+        help="with --accept-sagemaker-tokens: an access key id tokens may name, as "
+        "policy_server.sagemaker_access_key_ids; repeatable (default: any)",
+    )
+    parser.add_argument(
         "--model",
         type=Path,
         help="after the refusal check, play the payload's row for real against this model directory, "
@@ -113,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
 def _demand(args: argparse.Namespace) -> Demand:
     """The credential a run with these settings demands: its key (a fresh one unless named or none)."""
     api_key = None if args.no_api_key else (args.api_key or f"smoke-{secrets.token_urlsafe(16)}")
-    tokens = SageMakerTokenPolicy() if args.accept_sagemaker_tokens else None
+    tokens = None
+    if args.accept_sagemaker_tokens:
+        tokens = SageMakerTokenPolicy(access_key_ids=frozenset(args.sagemaker_access_key_ids))
     return Demand(api_key=api_key, sagemaker_tokens=tokens)
 
 
@@ -121,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.model is not None and (is_runtime_arn(args.target) or args.episodes < 1):
         print("rft smoke: --model plays 1 or more --episodes against an agent URL (http://...)")
+        return EXIT_CANNOT_RUN
+    if args.sagemaker_access_key_ids and not args.accept_sagemaker_tokens:
+        print(
+            "rft smoke: --sagemaker-access-key-id narrows the SageMaker tokens smoke takes: add "
+            "--accept-sagemaker-tokens, as a run needs policy_server.accept_sagemaker_tokens: true"
+        )
         return EXIT_CANNOT_RUN
     demand = _demand(args)
     try:
@@ -155,16 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANNOT_RUN
     if args.payload is None:
         report = with_payload_hint(report, source)
+    played_here = not is_runtime_arn(args.target)  # --model plays against URL targets only
+    if args.model is None and played_here and report.outcome in (Outcome.HEALTHY, Outcome.PARTIAL):
+        report.unverified.append(NO_EPISODE_PLAYED)
     print(report.render())
     if args.model is None:
         return report.exit_code
     if report.outcome not in (Outcome.HEALTHY, Outcome.PARTIAL):
         print("rft smoke: no episodes played: fix what the refusal check found first")
         return report.exit_code
-    return _play(args, payload, demand.api_key) or report.exit_code
+    return _play(args, payload, demand) or report.exit_code
 
 
-def _play(args: argparse.Namespace, payload: RolloutPayload, api_key: str | None) -> int:
+def _play(args: argparse.Namespace, payload: RolloutPayload, demand: Demand) -> int:
     """Play the episodes of --model; the model's side (torch, the policy server) is imported only
     here, as `rft`'s dispatcher imports a subcommand, so the agent side installs without it."""
     try:
@@ -183,8 +204,9 @@ def _play(args: argparse.Namespace, payload: RolloutPayload, api_key: str | None
                 args.model,
                 episodes=args.episodes,
                 timeout=args.timeout,
-                api_key=api_key,
+                api_key=demand.api_key,
                 chat_template=args.chat_template,
+                sagemaker_tokens=demand.sagemaker_tokens,
             )
         )
     except module.ModelDirError as exc:

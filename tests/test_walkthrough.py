@@ -47,6 +47,7 @@ EXPECTED = {
     "rft show runs/letters --eval 0": ["=== eval 0"],
     "rft eval": ["| policy | success | mean reward |", "runs/letters/adapters/v2"],
     "rft export": ["checked against the trained policy", "the same tokens"],
+    "rft sft": ["sft step 4/4  loss ", " steps/s  eta 0s", "adapter written to runs/sft-"],
 }
 
 
@@ -128,10 +129,10 @@ def day(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Day]:
 
 def test_the_page_marks_every_step_of_the_day() -> None:
     commands = " ".join(body for name, body in blocks() if name is None)
-    for command in ("rft model tiny", "rft smoke", "--model", "rft train", "rft show", "rft eval"):
+    for command in ("rft model tiny", "rft smoke", "--model", "rft sft", "rft train", "rft show", "rft eval"):
         assert command in commands
     assert "rft export" in commands and "rft serve --inference" in commands and "curl" in commands
-    assert {name for name, _ in blocks()} == {None, "train.jsonl", "eval.jsonl", "run.yaml"}
+    assert {name for name, _ in blocks()} == {None, "train.jsonl", "eval.jsonl", "run.yaml", "demos.jsonl"}
     assert "(docs/walkthrough.md)" in (REPO_ROOT / "README.md").read_text()
 
 
@@ -155,6 +156,8 @@ def test_every_command_of_the_walkthrough_runs_in_order(
                 assert line.startswith("rft "), f"the page runs {line!r}, which this test cannot"
                 day.rft(line, capsys)
             ran.append(line)
-    assert len(ran) == 12, ran
+    assert len(ran) == 16, ran
     assert (tmp_path / "exports" / "letters" / "adapter_config.json").is_file()
+    for family in ("qwen3", "gpt-oss"):  # the multi-turn warm starts (issue 50.1)
+        assert (tmp_path / "runs" / f"sft-{family}" / "adapter_config.json").is_file()
     assert (tmp_path / "runs" / "letters-eval" / "eval.png").is_file()

@@ -35,6 +35,7 @@ from trainer.ops.stacks import stacks_on_demand
 from trainer.ops.watchdog import StallWatchdog
 from trainer.record import Sampled, check_failures, step_record
 from trainer.rollouts.evaluation import EvalResult
+from trainer.rollouts.fanout import check_agents_listen
 from trainer.rollouts.pipeline import adapter_dirs
 from trainer.run import (
     EvaluationHook,
@@ -63,6 +64,7 @@ def train(
     (``faults`` section; :mod:`trainer.ops.preemption`); SIGUSR1 writes every thread's stack to
     ``train.log`` (:mod:`trainer.ops.stacks`).
     """
+    check_agents_listen(config.agents)  # before anything loads: the model, a Ray cluster
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = add_log_file(config.output_dir)
     preemption = Preemption(config.faults, config.output_dir / "checkpoints").install()

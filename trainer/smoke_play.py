@@ -3,9 +3,12 @@
 ``rft smoke``'s refusal check (:mod:`handlers.smoke`) proves the plumbing; this plays the row for real,
 so a tool bug or a reward bug shows before any training. The model is served in this process as
 ``rft serve --open-job`` serves it (the hf engine behind the policy gateway, on loopback, demanding the
-key the payload hands the agent), each episode's rollout is opened on it, the agent is sent the payload
-with ``metadata.endpoint`` pointing at it, and the gateway's record of the episode's calls is printed as
-``rft show`` prints a run's transcripts, with the reward and the agent's metrics.
+key the payload hands the agent, or the SageMaker tokens ``--accept-sagemaker-tokens`` takes), each
+episode's rollout is opened on it, the agent is sent the payload with ``metadata.endpoint`` pointing at
+it, and the gateway's record of the episode's calls is printed as ``rft show`` prints a run's
+transcripts, with the reward and the agent's metrics. An episode is judged as training judges a rollout
+(:func:`trainer.rollouts.refusals.check_model_calls`): one whose model calls were all refused, or that
+made none, failed, whatever reward the agent answered.
 """
 
 from __future__ import annotations
@@ -18,13 +21,24 @@ from typing import Any
 
 import httpx
 
-from handlers import AgentAnswer, FailureCause, RftkitExtras, RolloutPayload, invocations_url, read_answer
+from handlers import (
+    AgentAnswer,
+    FailureCause,
+    RftkitExtras,
+    RolloutPayload,
+    SageMakerTokenPolicy,
+    invocations_url,
+    read_answer,
+)
 from policy_server import PolicyServer, RolloutTrace, serve_gateway
 from trainer.ops.show import render_episode
 from trainer.ops.transcripts import Decode, call_view
+from trainer.rollouts.outcomes import RolloutOutcome
+from trainer.rollouts.refusals import check_model_calls
 
 EXIT_PLAYED = 0
 EXIT_EPISODE_FAILED = 3  # rft smoke's "agent error"
+EXIT_CALLS_REFUSED = 4  # rft smoke's "access denied": a credential a run would refuse
 DEFAULT_MAX_TOKENS = 1024
 # What reward checks say of a reward that is not a number (rft_app's and the trainer's reading).
 NOT_A_NUMBER_MARKERS = ("must be a number", "is not finite")
@@ -35,9 +49,15 @@ class ModelDirError(ValueError):
 
 
 @contextmanager
-def served_policy(model_dir: Path, api_key: str | None, chat_template: str | None) -> Iterator[Any]:
+def served_policy(
+    model_dir: Path,
+    api_key: str | None,
+    chat_template: str | None,
+    sagemaker_tokens: SageMakerTokenPolicy | None = None,
+) -> Iterator[Any]:
     """The hf engine on ``model_dir`` behind the policy gateway on a free loopback port, as
-    ``rft serve`` starts it (CPU float32 unless CUDA is here); yields its serving thread."""
+    ``rft serve`` starts it (CPU float32 unless CUDA is here), taking the credentials a run takes
+    (``api_key``, and SageMaker tokens by ``sagemaker_tokens``); yields its serving thread."""
     import torch
 
     from policy_server.engines import HFEngine
@@ -45,7 +65,7 @@ def served_policy(model_dir: Path, api_key: str | None, chat_template: str | Non
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     engine = HFEngine(model_dir, device=device, dtype=dtype, chat_template=chat_template)
-    server = PolicyServer(engine, api_key=api_key)
+    server = PolicyServer(engine, api_key=api_key, sagemaker_tokens=sagemaker_tokens)
     thread = serve_gateway(server, "127.0.0.1", 0, log_level="warning").start()
     try:
         yield server, thread
@@ -84,6 +104,27 @@ def reward_problem(answer: AgentAnswer) -> str | None:
     return None
 
 
+def judged(answer: AgentAnswer, trace: RolloutTrace) -> AgentAnswer:
+    """``answer`` as training judges the rollout: failed by ``model_calls_refused`` or
+    ``no_model_calls`` when the gateway recorded no call of it (:func:`check_model_calls`)."""
+    played = answer.cause is None
+    outcome = RolloutOutcome(
+        rollout_id=trace.rollout_id,
+        group_index=0,
+        status="ok" if played else "failed",
+        cause=answer.cause,
+        rewards=answer.rewards if played else None,
+        reward=math.fsum(answer.rewards) if played and answer.rewards else None,
+        error=answer.error,
+    )
+    checked = check_model_calls(outcome, trace)
+    if checked is outcome:
+        return answer
+    return AgentAnswer(
+        checked.cause, metrics=answer.metrics, error=checked.error, status_code=answer.status_code
+    )
+
+
 def episode_view(number: int, answer: AgentAnswer, trace: RolloutTrace, decode: Decode) -> dict[str, Any]:
     """One played episode in the shape ``rft show`` renders."""
     calls = [call_view(call, decode) for call in trace.calls]
@@ -119,7 +160,7 @@ def play_one(
         answer = AgentAnswer(FailureCause.TRANSPORT, error=f"{type(exc).__name__}: {exc}", status_code=0)
     trace = server.take_trace(job_arn, rollout_id)
     server.release_trace(trace)
-    return answer, trace
+    return judged(answer, trace), trace
 
 
 def play(
@@ -131,9 +172,11 @@ def play(
     timeout: float = 60.0,
     api_key: str | None = None,
     chat_template: str | None = None,
+    sagemaker_tokens: SageMakerTokenPolicy | None = None,
 ) -> int:
     """Play ``episodes`` episodes of ``payload``'s row at the agent ``target`` against the model in
-    ``model_dir``, print each one, and return 0 when all came back with a reward, else 3."""
+    ``model_dir``, print each one, and return 0 when all came back with a reward, 4 when an episode's
+    model calls were all refused (a credential a run refuses), else 3."""
     from policy_server.models import load_tokenizer
 
     if not (model_dir / "config.json").is_file():
@@ -144,13 +187,15 @@ def play(
         return str(tokenizer.decode(ids, skip_special_tokens=not keep_special))
 
     max_tokens = (payload.inference_params and payload.inference_params.max_tokens) or DEFAULT_MAX_TOKENS
-    failed = 0
-    with served_policy(model_dir, api_key, chat_template) as (server, thread):
+    failed: list[FailureCause] = []
+    with served_policy(model_dir, api_key, chat_template, sagemaker_tokens) as (server, thread):
         server.open_job(payload.metadata.job_arn, max_tokens=max_tokens)
         print(f"playing {episodes} episode(s) of the payload's row against {model_dir} at {thread.url}")
         for number in range(1, episodes + 1):
             answer, trace = play_one(target, payload, server, thread.url, number, timeout)
-            failed += answer.cause is not None
+            failed += [answer.cause] if answer.cause is not None else []
             print("\n" + render_episode(episode_view(number, answer, trace, decode)))
-    print(f"\n{episodes - failed} of {episodes} episode(s) came back with a reward")
+    print(f"\n{episodes - len(failed)} of {episodes} episode(s) came back with a reward")
+    if FailureCause.MODEL_CALLS_REFUSED in failed:
+        return EXIT_CALLS_REFUSED
     return EXIT_EPISODE_FAILED if failed else EXIT_PLAYED

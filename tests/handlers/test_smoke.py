@@ -70,11 +70,21 @@ def test_403_is_access_denied(serve: Any) -> None:
     assert "the token is for another account" in report.render()
 
 
-def test_connection_refused_means_the_server_is_not_starting() -> None:
-    report = smoke_url(closed_port_url(), PAYLOAD, timeout=5)
+def test_connection_refused_says_nothing_listens_at_the_url() -> None:
+    # A wrong URL (or an agent not started) is not a server failing to start: say what is there.
+    url = closed_port_url()
+    report = smoke_url(url, PAYLOAD, timeout=5)
     assert report.outcome is Outcome.NOT_REACHABLE and report.exit_code == 5
-    assert report.verdict == NOT_STARTING_SENTENCE
+    assert report.verdict.startswith(f"nothing listens at {url} (connection refused): check the URL's host")
     assert "could not connect" in report.observations[0]
+
+
+def test_a_host_that_does_not_resolve_is_named() -> None:
+    report = smoke_url("http://no-such-agent.invalid:8080", PAYLOAD, timeout=5)
+    assert report.outcome is Outcome.NOT_REACHABLE
+    assert report.verdict.startswith(
+        "the host 'no-such-agent.invalid' of http://no-such-agent.invalid:8080 is not found"
+    )
 
 
 def test_no_answer_in_time_means_the_server_is_not_starting(serve: Any) -> None:

@@ -88,3 +88,25 @@ def test_keeps_the_newest_k_and_ignores_partial_writes(tiny_model_dir: Path, tmp
         load_checkpoint(tmp_path / "step-000006", learner)
     with pytest.raises(ValueError, match="keep"):
         save_checkpoint(tmp_path, _state(7), learner, keep=0)
+
+
+def test_state_saved_on_another_gpu_resumes_on_the_learners_device(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkpoint written by a learner on cuda:3 (its optimizer state tagged with that device), resumed
+    # by a process without that GPU: torch.load would rebuild every tensor on cuda:3.
+    learner = _learner(tiny_model_dir)
+    learner.train_step(_batch(0))
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:3")
+        path = save_checkpoint(tmp_path, _state(1), learner, keep=1)
+    learner.train_step(_batch(1))
+
+    fresh = _learner(tiny_model_dir)
+    load_checkpoint(path, fresh)
+    states = fresh.optimizer.state.values()
+    moments = [value for state in states for value in state.values() if torch.is_tensor(value)]
+    assert moments and {value.device for value in moments} == {fresh.device}
+    fresh.train_step(_batch(1))
+    a, b = learner.adapter_state(), fresh.adapter_state()
+    assert all(torch.equal(a[name], b[name]) for name in a)

@@ -20,7 +20,7 @@ from agents.maze.demo.maze_exact import CallScorer, exact_success, reachable_req
 from agents.maze.demonstrations import episode_demonstrations
 from policy_server.models import load_tokenizer
 from trainer.algo.grpo import token_logprobs
-from trainer.sft.common import encode_demonstration
+from trainer.sft.turns import encode_demonstration
 
 
 def test_every_request_a_walker_sends_is_one_of_the_enumerated_states() -> None:
@@ -75,7 +75,7 @@ def test_call_probabilities_are_the_teacher_forced_logprobs(
     for temperature in (1.0, 2.0):
         probabilities = scorer.probabilities(demos, temperature)
         for demo, probability in zip(demos, probabilities, strict=True):
-            encoded = encode_demonstration(load_tokenizer(tiny_model_dir), demo)
+            (encoded,) = encode_demonstration(load_tokenizer(tiny_model_dir), demo)
             ids = torch.tensor([encoded.input_ids])
             with torch.no_grad():
                 logprobs = token_logprobs(scorer.model(input_ids=ids).logits / temperature, ids)[0]

@@ -29,6 +29,7 @@ from trainer.learner.learner import Learner
 from trainer.learner.worker_devices import worker_devices
 from trainer.loop import train
 from trainer.run import LOG_FILE, RunSummary
+from trainer.scale.placement import Placement
 from trainer.scale.ray_cluster import ray_cluster as ray_cluster_of
 
 
@@ -230,3 +231,48 @@ def test_a_worker_that_keeps_dying_stops_the_run_naming_it(
     message = str(raised.value)
     assert "learner workers died 2 time(s) (worker 0: 2)" in message
     assert "ray.max_learner_restarts = 1" in message and "(Ray actor rftkit-learner-" in message
+
+
+@pytest.mark.parametrize("wanted", ["a custom resource", "a GPU"])
+def test_workers_the_cluster_cannot_hold_stop_the_run_with_a_sentence(
+    tiny_model_dir: Path, ray_cluster: None, wanted: str
+) -> None:
+    # Ray leaves an actor whose resources no node has pending forever: the learner must not wait forever.
+    nodes = alive_node_resources()
+    if wanted == "a GPU" and sum(node.get("GPU", 0.0) for node in nodes):
+        pytest.skip("this cluster has GPUs: the workers would start")
+    fields = {"learner_resources": {"learner": 1}} if wanted == "a custom resource" else {}
+    config = TrainConfig.model_validate(
+        {
+            "learner": {"device": "cpu" if fields else "cuda", "dtype": "float32"},
+            "ray": {"learner_workers": 2, "learner_start_timeout_s": 2, **fields},
+        }
+    )
+    placement = Placement("cpu", "float32", "cpu", "float32", [])  # the driver's, not the workers'
+    started = time.monotonic()
+    with pytest.raises(TrainingError) as stopped:
+        RayLearner(tiny_model_dir, config, placement=placement)
+    assert time.monotonic() - started < 60
+    message = str(stopped.value)
+    cpus = f"{nodes[0]['CPU']:g} CPU"
+    assert message.startswith(
+        "the Ray learner's 2 worker(s) did not all start within 2 s (ray.learner_start_timeout_s): "
+        "2 still waiting. Each asks for 1 CPU, "
+    )
+    if fields:
+        assert (
+            f"1 learner; the cluster's alive nodes have {cpus}, 0 learner in all, room for 0 such" in message
+        )
+        assert message.endswith("lower ray.learner_workers or add nodes with those resources")
+    else:
+        assert f"1 GPU; the cluster's alive nodes have {cpus}, 0 GPU in all, room for 0 such" in message
+        assert message.endswith("add nodes with those resources, or set learner.device: cpu")
+
+    # The workers that never started were stopped, not left pending for a later run's resources.
+    def pending() -> list[str]:
+        return [actor for actor in ray.util.list_named_actors() if actor.startswith(ACTOR_PREFIX)]
+
+    deadline = time.monotonic() + 30
+    while pending() and time.monotonic() < deadline:  # ray.kill returns before the actor is gone
+        time.sleep(0.1)
+    assert pending() == []

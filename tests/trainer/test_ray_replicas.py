@@ -240,7 +240,41 @@ def test_replicas_the_cluster_cannot_place_fail_to_start_with_a_sentence(
         }
     )
     engine = ray_engine(config, tiny_model_dir)
-    with pytest.raises(RuntimeError, match=r"did not all start within 2 s \(ray.recovery_timeout_s\)"):
+    with pytest.raises(
+        RuntimeError, match=r"did not all start within 2 s \(ray.recovery_timeout_s\)"
+    ) as stopped:
         asyncio.run(engine.start())
     for replica in engine.replicas:
         ray.kill(replica)
+    message = str(stopped.value)
+    assert "each asks for 1 CPU, 1 no_such_node; the cluster has 8 CPU, 0 no_such_node in all" in message
+
+
+def test_a_vllm_replicas_first_start_waits_for_vllms_startup_timeout(
+    cluster: None, tiny_model_dir: Path
+) -> None:
+    # A GPU vLLM compiles and captures graphs before it serves: ray.recovery_timeout_s (a restart's
+    # model load) is not its bound, vllm.startup_timeout_s is.
+    config = validate_config(
+        {
+            "model": str(tiny_model_dir),
+            "train_file": "unused.jsonl",
+            "engine": "vllm",
+            "vllm": {"startup_timeout_s": 2},
+            "ray": {
+                "inference_replicas": 1,
+                "replica_resources": {"no_such_node": 1},
+                "recovery_timeout_s": 300,
+            },
+        }
+    )
+    engine = ray_engine(config, tiny_model_dir)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"did not all start within 2 s \(vllm.startup_timeout_s\)"
+    ) as stopped:
+        asyncio.run(engine.start())
+    for replica in engine.replicas:
+        ray.kill(replica)
+    assert time.monotonic() - started < 60
+    assert "or raise vllm.startup_timeout_s if the engine needs longer to start" in str(stopped.value)

@@ -11,8 +11,9 @@ from transformers import AutoTokenizer
 from agents.maze.demonstrations import episode_demonstrations, maze_demonstrations
 from agents.maze.generator import generate
 from trainer.sft.cli import main
-from trainer.sft.common import DemonstrationError, StopAtLoss, encode_demonstration, load_demonstrations
+from trainer.sft.common import DemonstrationError, StopAtLoss, load_demonstrations
 from trainer.sft.text import run_sft
+from trainer.sft.turns import encode_demonstration
 
 TARGETS = ["embed_tokens", "q_proj", "v_proj", "lm_head"]
 
@@ -21,11 +22,12 @@ def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     # The second move: the previous move and its observation, then the move to learn.
     demo = episode_demonstrations(generate(7, 4))[1]
-    encoded = encode_demonstration(tokenizer, demo)
+    # ChatML's turns only append, so the turns merge into one sequence, as sampled calls do.
+    (encoded,) = encode_demonstration(tokenizer, demo)
     assert len(encoded.input_ids) == len(encoded.loss_mask)
-    # The whole conversation is rendered exactly as the template renders it.
+    # The whole conversation as the template renders it, up to the last turn's end-of-turn token.
     rendered = tokenizer.apply_chat_template(demo["messages"], tools=demo["tools"], tokenize=False)
-    assert tokenizer.decode(encoded.input_ids) == rendered
+    assert tokenizer.decode(encoded.input_ids) == rendered.rstrip("\n")
     # Masked-in runs are exactly the assistant's tool calls, each ending with its end-of-turn token.
     runs, current = [], []
     for token, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True):
@@ -34,6 +36,7 @@ def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
         elif current:
             runs.append(tokenizer.decode(current))
             current = []
+    runs.append(tokenizer.decode(current))  # the last turn ends the sequence
     calls = [m for m in demo["messages"] if m["role"] == "assistant"]
     assert len(runs) == len(calls)
     for text, message in zip(runs, calls, strict=True):

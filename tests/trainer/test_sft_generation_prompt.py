@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from policy_server.http import normalize_messages
 from policy_server.models.families import TinySizes, family
-from trainer.sft.common import encode_demonstration
+from trainer.sft.turns import encode_demonstration
 
 TOOL = {
     "type": "function",
@@ -39,7 +39,7 @@ DEMONSTRATION = {
 def test_gemma4_call_is_trained_whole_after_the_engines_generation_prompt(tmp_path: Path) -> None:
     model_dir = family("gemma4").build_tiny(tmp_path, sizes=TinySizes(hidden_size=64, vocab_size=512))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoded = encode_demonstration(tokenizer, DEMONSTRATION)
+    (encoded,) = encode_demonstration(tokenizer, DEMONSTRATION)
     # What the hf engine sends the model for this turn (policy_server/engines/hf.py, _template_ids).
     prompt = tokenizer.apply_chat_template(
         normalize_messages(DEMONSTRATION["messages"][:2]),

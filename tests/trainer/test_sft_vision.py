@@ -14,8 +14,9 @@ from transformers import AutoConfig
 from agents.maze.demonstrations import maze_demonstrations
 from policy_server.models.chat_templates import load_tokenizer
 from policy_server.models.vision_inputs import VisionInputs
-from trainer.sft.common import DemonstrationError, encode_demonstration
+from trainer.sft.common import DemonstrationError
 from trainer.sft.text import run_sft
+from trainer.sft.turns import encode_demonstration
 from trainer.sft.vision import encode_vision_demonstration
 
 # Every language-model projection, the embeddings and the output layer, and the vision side: the
@@ -27,8 +28,8 @@ def test_placeholders_expand_per_patch_and_carry_no_loss(tiny_vision_dir: Path) 
     tokenizer = load_tokenizer(tiny_vision_dir, None)
     vision = VisionInputs(tiny_vision_dir, AutoConfig.from_pretrained(tiny_vision_dir))
     demonstration = maze_demonstrations(1, observation="image")[1]  # a move result: one picture
-    encoded = encode_vision_demonstration(tokenizer, vision, demonstration)
-    text = encode_demonstration(tokenizer, demonstration)
+    (encoded,) = encode_vision_demonstration(tokenizer, vision, demonstration)
+    (text,) = encode_demonstration(tokenizer, demonstration)
     image_token = vision.image_token_id
     # The 4x4 map is 64x64 pixels, 8x8 patches of 8 pixels, merged 2x2: 16 image tokens, one a cell.
     assert encoded.image_grid_thw.tolist() == [[1, 8, 8]]

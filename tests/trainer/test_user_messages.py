@@ -19,7 +19,8 @@ from handlers.cli import main as rft
 from trainer import cli
 from trainer.config import ConfigError, load_config
 from trainer.ops import status
-from trainer.sft.common import encode_demonstration, load_demonstrations
+from trainer.sft.common import load_demonstrations
+from trainer.sft.turns import encode_demonstration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,6 +115,6 @@ def test_the_warm_start_example_in_docs_sft_md_is_a_demonstration(
     (example,) = re.findall(r"```json\n(.*?)```", text, flags=re.DOTALL)
     (tmp_path / "demos.jsonl").write_text(json.dumps(json.loads(example)) + "\n")
     (demonstration,) = load_demonstrations(tmp_path / "demos.jsonl")
-    encoded = encode_demonstration(AutoTokenizer.from_pretrained(str(tiny_model_dir)), demonstration)
+    (encoded,) = encode_demonstration(AutoTokenizer.from_pretrained(str(tiny_model_dir)), demonstration)
     learned = sum(encoded.loss_mask)
     assert 0 < learned < len(encoded.input_ids)

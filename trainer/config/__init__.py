@@ -14,7 +14,7 @@ from trainer.config.engines import HFEngineConfig, VLLMConfig
 from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.loading import load_config, validate_config
-from trainer.config.lora import LoraConfig
+from trainer.config.lora import LoraConfig, vision_lora_refusal
 from trainer.config.placement import PlacementConfig
 from trainer.config.prices import TokenPrices
 from trainer.config.ray import RayConfig
@@ -41,4 +41,5 @@ __all__ = [
     "load_config",
     "render_markdown",
     "validate_config",
+    "vision_lora_refusal",
 ]

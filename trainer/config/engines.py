@@ -126,7 +126,10 @@ class VLLMConfig(_Section):
         default=2, gt=0, description="vLLM's --max-loras: adapter versions resident at once (old + new)."
     )
     startup_timeout_s: float = Field(
-        default=600.0, gt=0, description="Seconds to wait for a started vLLM server to answer /health."
+        default=600.0,
+        gt=0,
+        description="Seconds to wait for a started vLLM server to answer /health; with a ray section, "
+        "also the bound on the inference replicas' first start.",
     )
     # --- tool calls and reasoning (vLLM's own parser names; the hf engine reads them too)
     tool_call_parser: str | None = Field(

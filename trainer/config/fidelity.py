@@ -65,12 +65,12 @@ class TranscriptsConfig(_Section):
         ge=0,
         description="Episodes kept of each training step (transcripts/step-NNNN.jsonl), picked by the "
         "seed and the step, so the same seed keeps the same episodes; 0: none; more than the step's "
-        "rollouts: all of them.",
+        "rollouts: all of them. Besides them, the step's best and worst episode by reward.",
     )
     per_eval: int = Field(
         default=4,
         ge=0,
         description="Episodes kept of each evaluation (transcripts/eval-NNNN.jsonl, NNNN the step it "
         "followed), picked by the seed alone: every evaluation keeps the same rows and seeds, so before "
-        "and after read side by side; 0: none.",
+        "and after read side by side; 0: none. Besides them, the evaluation's best and worst episode.",
     )

@@ -15,6 +15,22 @@ from pydantic import (
 from trainer.config.common import _Section
 
 
+def vision_lora_refusal(adapt_vision: str, engine: str) -> str | None:
+    """Why ``engine`` cannot serve an adapter on vision layers (``adapt_vision`` other than none), or
+    None; ``rft train``, ``rft plan`` (config validation) and ``rft demo --vision`` refuse by it.
+
+    vLLM applies a LoRA adapter to the language model only: its vision tower and projector run without
+    it, so the policy it samples would not be the one the learner trains (the hf engine applies all).
+    """
+    if engine != "vllm" or adapt_vision == "none":
+        return None
+    return (
+        f"lora.adapt_vision: {adapt_vision} with engine: vllm: vLLM applies LoRA to the language model "
+        "only, not to the vision tower or its projector, so it would sample from another policy than "
+        "the one trained; keep the vision layers frozen (lora.adapt_vision: none) or use engine: hf"
+    )
+
+
 class LoraConfig(_Section):
     """The LoRA adapter that training updates (peft's names)."""
 
@@ -46,7 +62,7 @@ class LoraConfig(_Section):
         "the vision tower and its projector stay frozen; 'projector': the projector (Qwen2-VL's "
         "visual.merger) too; 'all': the whole vision tower too. A warm-start adapter (init_adapter) "
         "that adapts vision layers outside this scope keeps them as loaded, frozen. Ignored for "
-        "text-only models.",
+        "text-only models. Only 'none' with engine: vllm, which applies LoRA to the language model only.",
     )
 
     @field_validator("target_modules")
@@ -72,6 +88,13 @@ class LoraConfig(_Section):
                 "parameter as W + BA, with no input to drop): set lora_dropout: 0"
             )
         return self
+
+    def check_served_by(self, engine: str) -> None:
+        """Raise ValueError with :func:`vision_lora_refusal`'s sentence when ``engine`` cannot serve
+        this adapter."""
+        refusal = vision_lora_refusal(self.adapt_vision, engine)
+        if refusal is not None:
+            raise ValueError(refusal)
 
     def rank_with(self, init_adapter: str | Path | None) -> int:
         """The rank of the adapter training starts from: ``init_adapter``'s, else ``r``."""

@@ -57,7 +57,9 @@ class RayConfig(_Section):
         default=300.0,
         gt=0,
         description="How long to wait for a dead replica to come back (model load included) before "
-        "leaving it out; calls meanwhile fail over to the live replicas.",
+        "leaving it out; calls meanwhile fail over to the live replicas. Also the bound on the "
+        "replicas' first start with the hf engine; with vllm that is vllm.startup_timeout_s (a GPU "
+        "vLLM compiles and captures graphs first).",
     )
     adapter_transfer: Literal["object_store", "shared_path"] = Field(
         default="object_store",
@@ -85,6 +87,14 @@ class RayConfig(_Section):
         description="Ray custom resources each learner worker needs, to pin workers to a node group (e.g. "
         "{learner: 1} with KubeRay's learner workers started with that resource, so a worker never takes "
         "an inference pod's GPU; deploy/kuberay/raycluster.yaml).",
+    )
+    learner_start_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long to wait for the learner workers to start (each placed on a node with the "
+        "resources it asks for, and the model loaded) before the run stops with a sentence naming what "
+        "they asked for and what the cluster has; Ray would leave a worker no node can hold waiting "
+        "forever.",
     )
     max_learner_restarts: int = Field(
         default=3,

@@ -55,8 +55,7 @@ class TrainConfig(_Section):
     )
     engine: Literal["hf", "vllm"] = Field(
         default="hf",
-        description="Inference engine: 'hf' (transformers in process, CPU or GPU) or 'vllm' (a vLLM "
-        "server process).",
+        description="Inference engine: 'hf' (transformers in process, CPU or GPU) or 'vllm' (a vLLM server).",
     )
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig, description="Settings of the hf engine.")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Settings of the vllm engine.")
@@ -356,6 +355,7 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _vllm_consistent(self) -> TrainConfig:
         vllm = self.vllm
+        self.lora.check_served_by(self.engine)
         if self.engine == "vllm" and vllm.max_lora_rank is not None and vllm.max_lora_rank < self.lora.r:
             raise ValueError(
                 f"vllm.max_lora_rank ({vllm.max_lora_rank}) must be at least lora.r ({self.lora.r})"

@@ -13,6 +13,7 @@ from trainer.config import TrainConfig
 from trainer.engine import model_dir
 from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import PlayedEvaluation, evaluate_policy
+from trainer.rollouts.fanout import check_agents_listen
 from trainer.run import read_eval_rows
 from trainer.scale.plan import preflight
 from trainer.session import Session, build_engine
@@ -75,6 +76,7 @@ def evaluate_policies(
     Each adapter is served as version 1, 2, ...: the version number does not enter sampling, which
     is seeded per rollout, so an adapter samples here as it did in the run that trained it.
     """
+    check_agents_listen(config.agents)
     base_model = model_dir(config, config.output_dir)
     placement = preflight(config, base_model)
     from trainer.scale.ray_cluster import ray_cluster

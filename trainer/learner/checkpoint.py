@@ -233,9 +233,12 @@ def load_checkpoint(path: Path, learner: CheckpointableLearner) -> LoadedCheckpo
     if not (path / _STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {_STATE_FILE})")
     state = RunState.from_json(json.loads((path / _STATE_FILE).read_text()))
-    training_state = torch.load(path / _TRAINING_FILE, weights_only=False)
+    # Tensors keep the device they were saved from (the optimizer state of a learner on cuda:3), which
+    # the resuming process may lack: load onto the CPU; the learner's restore moves the optimizer
+    # state onto its parameters' device (torch's Optimizer.load_state_dict), whichever GPU that is.
+    training_state = torch.load(path / _TRAINING_FILE, map_location="cpu", weights_only=False)
     learner.restore(path / _ADAPTER_DIR, training_state)
-    _restore_rng(torch.load(path / _RNG_FILE, weights_only=False))
+    _restore_rng(torch.load(path / _RNG_FILE, map_location="cpu", weights_only=False))
     in_flight = []
     if (path / _ROLLOUTS_FILE).is_file():
         in_flight = json.loads((path / _ROLLOUTS_FILE).read_text())

@@ -40,7 +40,7 @@ from trainer.errors import TrainingError
 from trainer.learner.batch_images import ShippedBatch, received, scorable, ship
 from trainer.learner.learner import Learner
 from trainer.learner.steps import GradientSums, StepResult
-from trainer.learner.worker_devices import worker_devices
+from trainer.learner.worker_devices import wait_for_workers, worker_devices
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -255,6 +255,7 @@ class RayLearner:
             ).remote(str(model_dir), config, placed, rank, world)
             for rank, name in enumerate(self.names)
         ]
+        wait_for_workers(self.workers, config, chosen, alive_node_resources)
         host, port = self._call([self.workers[0].rendezvous.remote()])[0]
         self._call([worker.join.remote(host, port) for worker in self.workers])
         self.image_token_id: int | None = self._call([self.workers[0].image_token_id.remote()])[0]

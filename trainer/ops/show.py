@@ -65,6 +65,19 @@ def ordered(episodes: list[dict[str, Any]], order: str | None) -> list[dict[str,
     return sorted(episodes, key=reward, reverse=order == "best")
 
 
+def kept_note(episodes: list[dict[str, Any]], kind: str) -> str:
+    """Why these episodes were kept (`` (4 picked by the seed, and the step's best and worst by
+    reward)``); "" for a run that did not record it."""
+    reasons = [episode["kept"] for episode in episodes if isinstance(episode.get("kept"), list)]
+    if not reasons:
+        return ""
+    drawn = sum("sample" in reason for reason in reasons)
+    extremes = [name for name in ("best", "worst") if any(name in reason for reason in reasons)]
+    whose = "step" if kind == "step" else "evaluation"
+    also = f", and the {whose}'s {' and '.join(extremes)} by reward" if extremes else ""
+    return f" ({drawn} picked by the seed{also})"
+
+
 def render_episode(episode: dict[str, Any]) -> str:
     """One episode: its header, every message with its role, tool calls, tool results, the failure."""
     reward = episode.get("reward")
@@ -75,6 +88,7 @@ def render_episode(episode: dict[str, Any]) -> str:
         f"reward {reward:.4f}" if isinstance(reward, int | float) else "no reward",
         str(episode.get("status")),
     ]
+    header += [f"{reason} of the {episode.get('kind', 'step')}" for reason in _extreme(episode)]
     lines = ["=== " + " · ".join(header) + " ==="]
     metrics = episode.get("metrics") or {}
     if metrics:
@@ -101,6 +115,12 @@ def render_episode(episode: dict[str, Any]) -> str:
     if failure:
         lines.append(f"FAILED ({failure.get('cause')}): {failure.get('error') or '(no error text)'}")
     return "\n".join(lines)
+
+
+def _extreme(episode: dict[str, Any]) -> list[str]:
+    """ "best" and/or "worst" where the episode was kept as its step's best or worst."""
+    kept = episode.get("kept")
+    return [reason for reason in ("best", "worst") if isinstance(kept, list) and reason in kept]
 
 
 def _message_lines(message: dict[str, Any]) -> list[str]:
@@ -198,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shown = ordered(episodes, args.order)
     shown = shown[: args.n] if args.n > 0 else shown
-    print(f"{args.run_dir}: {len(shown)} of the {len(episodes)} episodes kept of {kind} {step}\n")
+    note = kept_note(episodes, kind)
+    print(f"{args.run_dir}: {len(shown)} of the {len(episodes)} episodes kept of {kind} {step}{note}\n")
     print("\n\n".join(render_episode(episode) for episode in shown))
     return 0

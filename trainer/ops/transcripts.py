@@ -11,7 +11,11 @@ Which episodes: ``transcripts.per_step`` of a step, picked by a ``random.Random`
 from the run's seed and the step (no random stream of the run moves, so a run computes the same
 numbers with or without transcripts), and ``transcripts.per_eval`` of an evaluation, picked by the
 seed alone: evaluations play the same rows with the same seeds, so every evaluation keeps the same
-episodes. The cost is a few episodes' tokens decoded per step; the tokenizer loads on first use.
+episodes. Besides those, the step's (or evaluation's) best and worst episode by reward (a failed
+rollout counting as the worst), where rewards differ: what ``rft show --best/--worst`` and
+``--export-demos`` look for, so a step's one success is never left out by the draw. Each line says
+why it was kept (``kept``: ``sample``, ``best``, ``worst``). The cost is a few episodes' tokens
+decoded per step; the tokenizer loads on first use.
 """
 
 from __future__ import annotations
@@ -72,9 +76,21 @@ class TranscriptKeeper:
     ) -> None:
         if count == 0 or not played:
             return
+        reasons: dict[int, list[str]] = {index: ["sample"] for index in pick(count, len(played), *key)}
+        for reason, index in extremes(played).items():
+            reasons.setdefault(index, []).append(reason)
         lines = [
-            json.dumps(_strict({"kind": kind, "step": step, **episode(played[index], self.decode)}))
-            for index in pick(count, len(played), *key)
+            json.dumps(
+                _strict(
+                    {
+                        "kind": kind,
+                        "step": step,
+                        "kept": reasons[index],
+                        **episode(played[index], self.decode),
+                    }
+                )
+            )
+            for index in sorted(reasons)
         ]
         path = transcript_path(self.run_dir, kind, step)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +105,20 @@ class TranscriptKeeper:
 
             self._tokenizer = load_tokenizer(self.model_dir, self.chat_template)
         return str(self._tokenizer.decode(ids, skip_special_tokens=not keep_special))
+
+
+def extremes(played: list[PlayedRollout]) -> dict[str, int]:
+    """The positions of the best and the worst episode by reward (the first of equals; a failed
+    rollout, which has none, is the worst); none where every episode scored alike."""
+    scores = [
+        rollout.outcome.reward
+        if rollout.outcome.ok and rollout.outcome.reward is not None and math.isfinite(rollout.outcome.reward)
+        else -math.inf
+        for rollout in played
+    ]
+    if max(scores) == min(scores):
+        return {}
+    return {"best": scores.index(max(scores)), "worst": scores.index(min(scores))}
 
 
 def episode(rollout: PlayedRollout, decode: Decode) -> dict[str, Any]:

@@ -45,9 +45,15 @@ from handlers import (
     is_runtime_arn,
     read_answer,
     runtime_session_id,
+    unreachable,
 )
 from trainer.config import RewardAggregation, TrainConfig
+from trainer.errors import TrainingError
 from trainer.rollouts.outcomes import RolloutOutcome, aggregate_rewards
+
+# How long `rft train` waits for agents started beside it to listen, probing every interval.
+AGENT_START_GRACE_S = 20.0
+AGENT_PROBE_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -370,3 +376,23 @@ class Fanout:
         if answer.retryable:
             raise _Retryable(f"{answer.error} from {arn}")
         return answer
+
+
+def check_agents_listen(targets: Sequence[str], *, grace_s: float | None = None) -> None:
+    """Refuse a run whose agent URLs nothing listens at, before a model loads: every rollout would
+    fail after the load, and the agents' logs (which a user would be sent to) hold nothing.
+
+    An agent started beside the run (a container, ``python main.py &``) may not listen yet: the URLs
+    are probed again for ``grace_s`` (``AGENT_START_GRACE_S``) before :class:`TrainingError` names
+    each one still out of reach (:func:`handlers.agent_client.unreachable`); AgentCore ARNs are not
+    probed.
+    """
+    grace = AGENT_START_GRACE_S if grace_s is None else grace_s
+    deadline = time.monotonic() + grace
+    while problems := [problem for target in targets if (problem := unreachable(target)) is not None]:
+        if time.monotonic() >= deadline:
+            raise TrainingError(
+                f"{'; '.join(problems)}, for {grace:g} s: start the agent there (its main.py serves port "
+                "8080) or correct the config's agents; checked before the model loads"
+            )
+        time.sleep(AGENT_PROBE_INTERVAL_S)

@@ -114,6 +114,10 @@ def ray_engine(config: TrainConfig, model_dir: Path, name_prefix: str | None = N
         adapter_dtype=adapter_serving_dtype(config, Path(model_dir), on_gpus=num_gpus > 0),
         recovery_timeout_s=settings.recovery_timeout_s,
         name_prefix=name_prefix,
+        # A GPU vLLM's first start (compiling, capturing CUDA graphs) has its own, longer bound.
+        start_timeout=(config.vllm.startup_timeout_s, "vllm.startup_timeout_s")
+        if config.engine == "vllm"
+        else None,
     )
 
 

@@ -1,5 +1,6 @@
 """``rft sft``: supervised warm start of a LoRA adapter on demonstrations. What text and vision share
-(``common``), the text training (``text``), vision-language models (``vision``), the command (``cli``).
+(``common``), a demonstration's training sequences turn by turn (``turns``), the text training
+(``text``), vision-language models (``vision``), the command (``cli``).
 
 The public surface, loaded lazily (torch only when used): ``from trainer.sft import run_sft``.
 """
@@ -14,9 +15,10 @@ _LAZY = {
     "turn_logprobs": "trainer.sft.common",
     "SftResult": "trainer.sft.common",
     "StopAtLoss": "trainer.sft.common",
-    "DemonstrationError": "trainer.sft.common",
+    "DemonstrationError": "trainer.sft.turns",
     "load_demonstrations": "trainer.sft.common",
-    "encode_demonstration": "trainer.sft.common",
+    "encode_demonstration": "trainer.sft.turns",
+    "DemonstrationFile": "trainer.sft.common",
     "demonstration_batch": "trainer.sft.common",
     "pad_token_id": "trainer.sft.common",
     "IGNORE": "trainer.sft.common",

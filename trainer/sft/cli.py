@@ -27,6 +27,7 @@ from typing import Any
 from policy_server.models import local_model_dir
 from trainer.ops import pin_cpu_kernels
 from trainer.sft.common import DEFAULT_TARGET_MODULES, DemonstrationError, load_demonstrations
+from trainer.sft.progress import SftProgress
 from trainer.sft.text import run_sft
 
 # Adds further demonstration sources to the parser (the maze demo's --maze-demos): (parser, the group
@@ -98,18 +99,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
-    """Train and save a warm-start adapter on ``demonstrations(args)``; prints the loss as it goes."""
+    """Train and save a warm-start adapter on ``demonstrations(args)``; prints the loss, the time spent
+    and the time left as it goes (:class:`~trainer.sft.progress.SftProgress`)."""
     if args.cpu_kernels == "avx2":
         pin_cpu_kernels()  # before the first tensor operation
     try:
         local_model_dir(args.model)
         examples = demonstrations(args)
-        every = max(1, args.steps // 10)
-
-        def report(step: int, loss: float) -> None:
-            if step % every == 0 or step == args.steps:
-                print(f"sft step {step}/{args.steps}  loss {loss:.4f}", flush=True)
-
         result = run_sft(
             args.model,
             examples,
@@ -123,7 +119,7 @@ def run(args: argparse.Namespace, demonstrations: Demonstrations) -> int:
             target_modules=[name.strip() for name in args.target_modules.split(",") if name.strip()],
             target_parameters=[name.strip() for name in args.target_parameters.split(",") if name.strip()],
             seed=args.seed,
-            on_step=report,
+            on_step=SftProgress(args.steps),
             chat_template=args.chat_template,
             device=args.device,
             dtype=args.dtype,

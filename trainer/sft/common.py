@@ -1,9 +1,10 @@
-"""What every warm start shares, text or vision: the demonstrations, their encoding through the chat
-template, batching, the assistant-token loss, and what a run returns.
+"""What every warm start shares, text or vision: the demonstrations, batching, the assistant-token
+loss, and what a run returns.
 
 A demonstration is one chat request as the agent sends it: ``{"messages": [...], "tools": [...]}`` in
-OpenAI format, ending with the assistant's last turn. The loss covers only what the model itself would
-sample: each assistant turn's content and tool calls up to and including its end-of-turn token.
+OpenAI format, ending with the assistant's last turn. It is encoded into training sequences turn by
+turn, as sampling makes them (``trainer.sft.turns``); the loss covers only what the model itself
+would sample: each assistant turn's content and tool calls up to and including its end-of-turn token.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import right_pad
+from trainer.sft.turns import DemonstrationError, EncodedDemonstration
 
 # A model built from scratch has a random output layer whose logits are too small to ever become
 # confident, so the adapter needs lm_head besides every projection (vLLM serves lm_head LoRA too).
@@ -26,10 +28,6 @@ PROJECTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 DEFAULT_TARGET_MODULES = (*PROJECTION_MODULES, "lm_head")
 IGNORE = -100
 MAX_GRAD_NORM = 1.0
-
-
-class DemonstrationError(ValueError):
-    """A demonstration that cannot be rendered or has nothing to learn from."""
 
 
 @dataclass
@@ -56,95 +54,19 @@ class StopAtLoss:
     every: int = 5
 
 
-@dataclass(frozen=True)
-class EncodedDemonstration:
-    """Token ids of one rendered demonstration and which of them the loss covers."""
+class DemonstrationFile(list[dict[str, Any]]):
+    """Demonstrations read from a file, with where each one is (``path:line``) for the messages of
+    the ones that cannot be encoded."""
 
-    input_ids: list[int]
-    loss_mask: list[bool]
-
-
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
-    )
+    def __init__(self, rows: list[dict[str, Any]], origins: list[str]) -> None:
+        super().__init__(rows)
+        self.origins = origins
 
 
-def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> EncodedDemonstration:
-    """Render ``demonstration`` with the chat template and mark the assistant's own tokens.
-
-    An assistant turn spans from the end of the generation prompt that precedes it to its end-of-turn
-    token; the newline the template puts after that token is part of the next prompt, not sampled.
-    Each turn follows the generation prompt the engine sends: where that prompt holds text the
-    rendered history does not (Gemma 4's empty thought channel after ``<|turn>model``), the text is
-    put in before the turn, so the model learns its turn after what it is prompted with (a later
-    turn of the same demonstration keeps it in its context, where the engine's history has none).
-    """
-    from policy_server.http import normalize_messages
-
-    try:
-        messages = normalize_messages(list(demonstration["messages"]))
-    except (KeyError, TypeError) as exc:
-        raise DemonstrationError(f"a demonstration needs a 'messages' list: {exc}") from exc
-    tools = demonstration.get("tools")
-    text = _render(tokenizer, messages, tools, False)
-    spans: list[tuple[int, int]] = []
-    pieces: list[str] = []
-    cursor = added = 0
-    for index, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        turn = _render(tokenizer, messages[: index + 1], tools, False)
-        if not text.startswith(turn):
-            raise DemonstrationError(
-                "the chat template does not render this conversation prefix-preservingly, so the "
-                "assistant's tokens cannot be located; use a template whose turns only append"
-            )
-        prompt = _render(tokenizer, messages[:index], tools, True)
-        history = _render(tokenizer, messages[:index], tools, False)
-        start, extra = _turn_start(tokenizer, text, prompt, history)
-        pieces.append(text[cursor:start] + extra)
-        cursor, added = start, added + len(extra)
-        spans.append((start + added, len(turn.rstrip("\n")) + added))
-    if not spans:
-        raise DemonstrationError("a demonstration needs at least one assistant message to learn from")
-    text = "".join(pieces) + text[cursor:]
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [
-        any(begin <= token_start and token_end <= end for begin, end in spans)
-        for token_start, token_end in encoding["offset_mapping"]
-    ]
-    return EncodedDemonstration(list(encoding["input_ids"]), mask)
-
-
-def _turn_start(tokenizer: Any, text: str, prompt: str, history: str) -> tuple[int, str]:
-    """Where in ``text`` the turn after ``prompt`` starts, and the text the generation prompt adds
-    there that the rendered history does not hold ("" where ``prompt`` is a prefix of ``text``).
-
-    The generation prompt's opening (``prompt`` past ``history``) and the rendered turn share their
-    first tokens (the turn's header); the opening's tokens past those are the added text. Compared
-    token by token, since a special token's text can share characters with another's."""
-    if text.startswith(prompt):
-        return len(prompt), ""
-    if not (prompt.startswith(history) and text.startswith(history)):
-        raise DemonstrationError(
-            "the chat template's generation prompt does not extend the rendered history, so the "
-            "assistant's tokens cannot be located; use a template whose turns only append"
-        )
-    opening = tokenizer(prompt[len(history) :], add_special_tokens=False, return_offsets_mapping=True)
-    turn_ids = tokenizer(text[len(history) :], add_special_tokens=False)["input_ids"]
-    shared = 0
-    while shared < min(len(turn_ids), len(opening["input_ids"])) and (
-        opening["input_ids"][shared] == turn_ids[shared]
-    ):
-        shared += 1
-    header = opening["offset_mapping"][shared - 1][1] if shared else 0
-    return len(history) + header, prompt[len(history) + header :]
-
-
-def load_demonstrations(path: str | Path) -> list[dict[str, Any]]:
+def load_demonstrations(path: str | Path) -> DemonstrationFile:
     """Demonstrations from a JSONL file, one ``{"messages": [...], "tools": [...]}`` per line."""
-    demonstrations = []
+    rows: list[dict[str, Any]] = []
+    origins: list[str] = []
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -155,10 +77,30 @@ def load_demonstrations(path: str | Path) -> list[dict[str, Any]]:
                 raise DemonstrationError(f"{path}:{number}: not JSON: {exc}") from exc
             if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
                 raise DemonstrationError(f'{path}:{number}: expected {{"messages": [...], "tools": [...]}}')
-            demonstrations.append(row)
-    if not demonstrations:
+            rows.append(row)
+            origins.append(f"{path}:{number}")
+    if not rows:
         raise DemonstrationError(f"{path} holds no demonstrations")
-    return demonstrations
+    return DemonstrationFile(rows, origins)
+
+
+def encode_each(
+    demonstrations: Sequence[dict[str, Any]], encode: Callable[[dict[str, Any]], list[Any]]
+) -> list[list[Any]]:
+    """Every demonstration's training sequences; one that cannot be encoded stops it all, named by
+    its file and line (``demonstration N`` where they came from no file)."""
+    encoded = []
+    for index, demonstration in enumerate(demonstrations):
+        try:
+            encoded.append(encode(demonstration))
+        except DemonstrationError as error:
+            origin = (
+                demonstrations.origins[index]
+                if isinstance(demonstrations, DemonstrationFile)
+                else f"demonstration {index + 1}"
+            )
+            raise DemonstrationError(f"{origin}: {error}") from error
+    return encoded
 
 
 def demonstration_batch(examples: Sequence[EncodedDemonstration], pad_id: int) -> dict[str, torch.Tensor]:
@@ -203,7 +145,7 @@ class Trainee:
     to batch them and the loss (text models: ``trainer.sft.text``; vision-language ones:
     ``trainer.sft.vision``)."""
 
-    encoded: list[Any]
+    encoded: list[list[Any]]  # each demonstration's training sequences
     load_model: Callable[[torch.dtype], Any]  # the base model, loaded in this dtype
     batch: Callable[[list[Any]], dict[str, torch.Tensor]]
     forward: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]  # the model's logits for a batch
@@ -226,8 +168,9 @@ def held_out_loss(model: Any, trainee: Trainee, batch_size: int = 16) -> float:
     total, tokens = 0.0, 0
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(trainee.encoded), batch_size):
-            batch = trainee.batch(trainee.encoded[start : start + batch_size])
+        sequences = [sequence for sequences in trainee.encoded for sequence in sequences]
+        for start in range(0, len(sequences), batch_size):
+            batch = trainee.batch(sequences[start : start + batch_size])
             count = int((batch["labels"][:, 1:] != IGNORE).sum())
             total += float(trainee.loss(model, batch)) * count
             tokens += count

@@ -26,13 +26,14 @@ from trainer.sft.common import (
     StopAtLoss,
     Trainee,
     demonstration_batch,
-    encode_demonstration,
+    encode_each,
     held_out_loss,
     on_device,
     pad_token_id,
     sft_device_and_dtype,
     text_logits,
 )
+from trainer.sft.turns import encode_demonstration
 from trainer.sft.vision import vision_trainee
 
 
@@ -50,7 +51,9 @@ def trainee_for(
     config = AutoConfig.from_pretrained(str(model_dir))
     if is_vision_model(config):
         return vision_trainee(model_dir, tokenizer, demonstrations)
-    encoded = [encode_demonstration(tokenizer, demonstration) for demonstration in demonstrations]
+    encoded = encode_each(
+        demonstrations, lambda demonstration: encode_demonstration(tokenizer, demonstration)
+    )
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,
@@ -100,9 +103,11 @@ def run_sft(
 ) -> SftResult:
     """Train a fresh LoRA adapter on ``demonstrations`` for ``steps`` AdamW steps; save it to ``out_dir``.
 
-    Each step draws ``batch_size`` demonstrations (seeded). ``on_step(step, loss)`` is called after
-    every step (progress display). ``chat_template`` replaces the model's own template (a shipped
-    name or a file, see ``policy_server.models.chat_templates``): use the one the policy server will use.
+    Each step draws ``batch_size`` demonstrations (seeded) and trains each one's sequences (one, or
+    one per turn where the template rewrites earlier turns: ``trainer.sft.turns``). ``on_step(step,
+    loss)`` is called after every step (progress display). ``chat_template`` replaces the model's own
+    template (a shipped name or a file, see ``policy_server.models.chat_templates``): use the one the
+    policy server will use.
     ``target_parameters``: stacked parameters to adapt too, as ``lora.target_parameters`` (an MoE's
     experts, e.g. ``mlp.experts.gate_up_proj``).
     ``stop`` ends the run before ``steps`` once a held-out loss reaches its target. ``device`` and
@@ -129,9 +134,11 @@ def run_sft(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
     rng = random.Random(seed)
-    result = SftResult(adapter_dir=Path(out_dir), assistant_tokens=sum(sum(e.loss_mask) for e in encoded))
+    tokens = sum(sum(sequence.loss_mask) for sequences in encoded for sequence in sequences)
+    result = SftResult(adapter_dir=Path(out_dir), assistant_tokens=tokens)
     for step in range(1, steps + 1):
-        loss = trainee.loss(model, trainee.batch(rng.choices(encoded, k=batch_size)))
+        drawn = rng.choices(encoded, k=batch_size)
+        loss = trainee.loss(model, trainee.batch([sequence for sequences in drawn for sequence in sequences]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)

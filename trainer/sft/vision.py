@@ -26,9 +26,10 @@ from trainer.sft.common import (
     EncodedDemonstration,
     Trainee,
     demonstration_batch,
-    encode_demonstration,
+    encode_each,
     pad_token_id,
 )
+from trainer.sft.turns import encode_demonstration
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,26 @@ def demonstration_images(demonstration: dict[str, Any]) -> list[ImageInput]:
 
 def encode_vision_demonstration(
     tokenizer: Any, vision: VisionInputs, demonstration: dict[str, Any]
-) -> EncodedVisionDemonstration:
-    """Render, tokenize and expand one demonstration's image placeholders (see the module docstring)."""
-    text = encode_demonstration(tokenizer, demonstration)
+) -> list[EncodedVisionDemonstration]:
+    """Each training sequence of one demonstration (``trainer.sft.turns``) with its images'
+    placeholders expanded. A sequence starts where the conversation starts, so its images are the
+    demonstration's first ones, as many as it holds placeholders."""
     images = demonstration_images(demonstration)
-    placeholders = text.input_ids.count(vision.image_token_id)
+    sequences = encode_demonstration(tokenizer, demonstration)
+    placeholders = max(text.input_ids.count(vision.image_token_id) for text in sequences)
     if placeholders != len(images):
         raise DemonstrationError(
             f"the chat template rendered {placeholders} image placeholders for {len(images)} images; "
             "use a template that renders image parts (chatml-tools-vision, qwen3-vl)"
         )
+    return [_expanded(vision, text, images) for text in sequences]
+
+
+def _expanded(
+    vision: VisionInputs, text: EncodedDemonstration, images: list[ImageInput]
+) -> EncodedVisionDemonstration:
+    """``text`` with each of its image placeholders repeated once per merged patch of its image."""
+    images = images[: text.input_ids.count(vision.image_token_id)]
     if not images:
         return EncodedVisionDemonstration(
             text.input_ids, text.loss_mask, torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
@@ -108,7 +119,7 @@ def vision_trainee(
 
     config = AutoConfig.from_pretrained(str(model_dir))
     vision = VisionInputs(model_dir, config)
-    encoded = [encode_vision_demonstration(tokenizer, vision, demo) for demo in demonstrations]
+    encoded = encode_each(demonstrations, lambda demo: encode_vision_demonstration(tokenizer, vision, demo))
     pad_id = pad_token_id(config)
     return Trainee(
         encoded=encoded,

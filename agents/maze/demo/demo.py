@@ -60,6 +60,7 @@ from agents.maze.demo.plans import (
 )
 from agents.maze.demo.report import plot_progress, reachable_table, result_table
 from agents.maze.demo.reuse import WarmStartMismatch, record_warm_start, reuse_warm_start
+from trainer.config import vision_lora_refusal
 from trainer.ops import pin_cpu_kernels
 
 if TYPE_CHECKING:
@@ -295,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.vision and args.engine != "hf":
-        parser.error("--vision runs on the hf engine (its adapter covers the vision tower too)")
+    # The vision warm start adapts the tower and its projector (plans.VISION_TOWER_MODULES), as
+    # lora.adapt_vision: all would: the served adapter holds them.
+    if args.vision and (refusal := vision_lora_refusal("all", args.engine)):
+        parser.error(f"--vision warm-starts an adapter on the vision tower too: {refusal}")
     if args.engine == "vllm" and args.model is None:
         parser.error("--engine vllm needs --model DIR (a model vLLM can serve with LoRA)")
     # peft calls a transformers property that transformers deprecates: nothing a demo user can act on.

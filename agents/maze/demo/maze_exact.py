@@ -108,12 +108,16 @@ class CallScorer:
         from trainer.sft import trainee_for, turn_logprobs
 
         trainee = trainee_for(self.model_dir, demonstrations, self.chat_template)
-        out: list[float] = []
-        for start in range(0, len(trainee.encoded), batch_size):
-            batch = trainee.batch(trainee.encoded[start : start + batch_size])
+        # A demonstration may train as several sequences (trainer.sft.turns): its turns' log-probs add.
+        owners = [index for index, sequences in enumerate(trainee.encoded) for _ in sequences]
+        sequences = [sequence for sequences in trainee.encoded for sequence in sequences]
+        logprobs = torch.zeros(len(trainee.encoded), dtype=torch.float64)
+        for start in range(0, len(sequences), batch_size):
+            batch = trainee.batch(sequences[start : start + batch_size])
             logits = trainee.forward(self.model, batch)
-            out.extend(torch.exp(turn_logprobs(logits, batch, temperature)).tolist())
-        return out
+            owner = torch.tensor(owners[start : start + batch_size])
+            logprobs.index_add_(0, owner, turn_logprobs(logits, batch, temperature).cpu())
+        return torch.exp(logprobs).tolist()
 
 
 def exact_success(

@@ -15,11 +15,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RayEngine": ("policy_server.engines.ray.engine", "RayEngine"),
     "Replica": ("policy_server.engines.ray.replica", "Replica"),
     "StickyRouter": ("policy_server.engines.ray.routing", "StickyRouter"),
+    "asked_and_had": ("policy_server.engines.ray.resources", "asked_and_had"),
 }
 
 if TYPE_CHECKING:
     from policy_server.engines.ray.engine import RayEngine
     from policy_server.engines.ray.replica import MissingAdapter, Replica
+    from policy_server.engines.ray.resources import asked_and_had
     from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "RayEngine",
     "Replica",
     "StickyRouter",
+    "asked_and_had",
 ]
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -32,6 +32,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_server.engines.adapter_files import read_adapter
 from policy_server.engines.base import Engine, GenerationRequest, GenerationResult
 from policy_server.engines.ray.replica import MissingAdapter, Replica
+from policy_server.engines.ray.resources import asked_and_had
 from policy_server.engines.ray.routing import NoLiveReplica, StickyRouter
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,14 @@ class RayEngine:
         adapter_dtype: str | None = None,
         recovery_timeout_s: float = 300.0,
         name_prefix: str | None = None,
+        start_timeout: tuple[float, str] | None = None,
     ) -> None:
         """``name_prefix``: the actors are named ``{name_prefix}-replica-{i}`` (``ray list actors``
         shows them; ``ray.get_actor`` finds them), unnamed without it. ``adapter_dtype``: the dtype
-        the replicas' engines serve adapters in; adapters put into the object store are cast to it."""
+        the replicas' engines serve adapters in; adapters put into the object store are cast to it.
+        ``start_timeout``: how long the first start may take and the setting that says so (a vLLM
+        that compiles and captures graphs takes longer than a restart's model load); unset:
+        ``recovery_timeout_s``."""
         self.model_name = model_name
         self.name_prefix = name_prefix
         self._build_engine = build_engine
@@ -83,6 +88,7 @@ class RayEngine:
         self.replica_count = replicas
         self.adapter_transfer, self.adapter_dtype = adapter_transfer, adapter_dtype
         self.recovery_timeout_s = recovery_timeout_s
+        self.start_timeout = start_timeout or (recovery_timeout_s, "ray.recovery_timeout_s")
         self.router = StickyRouter(replicas)
         self.events = ReplicaEvents()
         self.replicas: list[Any] = []  # Ray actor handles
@@ -103,17 +109,21 @@ class RayEngine:
             actor_class.options(**self._options, **self._name(index)).remote(self._build_engine)
             for index in range(self.replica_count)
         ]
+        timeout_s, setting = self.start_timeout
         try:
             # A replica whose resources the cluster cannot give stays pending forever: bound the wait.
             await asyncio.wait_for(
-                asyncio.gather(*(replica.ready.remote() for replica in self.replicas)),
-                timeout=self.recovery_timeout_s,
+                asyncio.gather(*(replica.ready.remote() for replica in self.replicas)), timeout=timeout_s
             )
         except TimeoutError:
+            options = self._options
+            asked = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+            each, has = asked_and_had(asked, ray.cluster_resources())
             raise RuntimeError(
-                f"the {self.replica_count} inference replicas did not all start within "
-                f"{self.recovery_timeout_s:g} s (ray.recovery_timeout_s): check that the cluster has the "
-                f"resources each one asks for ({self._options}; `ray status` shows what is free)"
+                f"the {self.replica_count} inference replicas did not all start within {timeout_s:g} s "
+                f"({setting}): each asks for {each}; the cluster has {has} in all (`ray status` shows "
+                "what is free): lower ray.inference_replicas or what each asks for, or raise "
+                f"{setting} if the engine needs longer to start"
             ) from None
         self.live = set(range(self.replica_count))
         tokens = await asyncio.gather(*(replica.image_token_id.remote() for replica in self.replicas))
