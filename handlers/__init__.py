@@ -70,6 +70,7 @@ _LAZY: dict[str, str] = {
     "agent_refusal": "handlers.credentials",
     "credential_sent": "handlers.credentials",
     "exposure_refusal": "handlers.credentials",
+    "is_loopback": "handlers.credentials",
     # the bearer tokens AWS's SageMaker SDK signs (the gateway's check, and rft smoke's)
     **dict.fromkeys(
         ["TOKEN_PREFIX", "SageMakerTokenPolicy", "TokenRejected", "check_token", "parse_token"],
@@ -111,7 +112,7 @@ if TYPE_CHECKING:
         unreachable,
     )
     from handlers.context import InvalidRowError, MissingEndpointError, RolloutContext
-    from handlers.credentials import agent_refusal, credential_sent, exposure_refusal
+    from handlers.credentials import agent_refusal, credential_sent, exposure_refusal, is_loopback
     from handlers.decorator import rft_app, rft_handler
     from handlers.episode_errors import ends_episode, refused_by_endpoint
     from handlers.lazy import lazy_attributes
@@ -211,6 +212,7 @@ __all__ = [
     "agent_refusal",
     "credential_sent",
     "exposure_refusal",
+    "is_loopback",
     "TOKEN_PREFIX",
     "SageMakerTokenPolicy",
     "TokenRejected",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 
 # name -> (module:function taking argv and returning an exit code, one-line summary)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -39,6 +40,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# peft asks every model it wraps for this transformers property, which transformers deprecates: a
+# FutureWarning on every command that loads an adapter, about nothing a user of rft can change.
+_PEFT_DEPRECATION = "`is_gradient_checkpointing` is deprecated"
+
+
+def _quiet_libraries() -> None:
+    """Silence what the libraries rftkit loads models with print on every command and no user can act
+    on: transformers' per-load progress bars ("Loading weights", "Writing model shards"; read by
+    huggingface_hub when it is imported, so set before any subcommand imports it) and peft's
+    FutureWarning above, in this process and in the Python processes it starts (learner workers, Ray
+    actors). rftkit's own output (its progress bars, logs and lines) is untouched; a value the user
+    exported wins."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message=_PEFT_DEPRECATION, category=FutureWarning)
+    ignore = f"ignore:{_PEFT_DEPRECATION}:FutureWarning"
+    given = os.environ.get("PYTHONWARNINGS", "")
+    if ignore not in given.split(","):
+        os.environ["PYTHONWARNINGS"] = f"{given},{ignore}" if given else ignore
+
+
 def _usage() -> str:
     width = max(len(name) for name in SUBCOMMANDS)
     lines = ["usage: rft COMMAND [ARGS...]", "", "commands:"]
@@ -60,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # rftkit downloads no model: with this, transformers (and a vLLM server started from here) fail
     # at once on a path that is not a local directory instead of retrying the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_libraries()
     module_name, function_name = target.split(":")
     try:
         module = importlib.import_module(module_name)

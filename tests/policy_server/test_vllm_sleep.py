@@ -15,15 +15,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from policy_server.engines.vllm import LORA_METRIC, VLLMEngine
+from policy_server.engines.vllm import VLLMEngine
+from policy_server.engines.vllm_attach import LORA_METRIC
 from policy_server.engines.vllm_server import VLLMEngineError
 
 # What an attached vLLM started with LoRA answers to the engine's start-up check (its served name,
-# the LoRA metric, an unknown adapter's unload): the same as the real server, and not recorded.
+# the LoRA metric, an unknown adapter's unload, one token's raw logprobs): the same as the real server,
+# and not recorded.
+_RAW_LOGPROBS = {"choices": [{"logprobs": {"top_logprobs": [{"token_id:7": -5.1, "token_id:9": -5.3}]}}]}
 _ATTACH_CHECK = {
     "/v1/models": (200, json.dumps({"data": [{"id": "policy"}]}).encode()),
     "/metrics": (200, LORA_METRIC.encode()),
     "/v1/unload_lora_adapter": (404, b'{"message": "The lora adapter rftkit-probe cannot be found."}'),
+    "/v1/completions": (200, json.dumps(_RAW_LOGPROBS).encode()),
 }
 
 

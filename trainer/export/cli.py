@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft export: {error}")
         return 1
     print(verification.sentence())
-    print(f"wrote {out} (model card: {out / 'README.md'}); serve it with:")
-    for command in serving_commands(source, out, merge=args.merge):
+    print(f"wrote {out} (model card: {out / 'README.md'}); serve it with vLLM's Python, or rft:")
+    for command in serving_commands(source, out, merge=args.merge, dtype=base_dtype(source.base_model)):
         print(f"  {command}")
     return 0

@@ -90,6 +90,9 @@ class Family:
     # CPU flags (/proc/cpuinfo's names) of which that build needs one to run this family's kernels
     # (empty: it runs them on any x86-64 CPU it supports).
     vllm_cpu_flags: ClassVar[tuple[str, ...]] = ()
+    # vLLM renders and parses this family with openai-harmony: a server for it needs harmony's o200k
+    # vocabulary and a pinned conversation date (policy_server/engines/vllm_command.py).
+    vllm_harmony: ClassVar[bool] = False
 
     def parsing_for(self, chat_template_kwargs: Mapping[str, Any]) -> Family:
         """The family that parses a request sent with these ``chat_template_kwargs``: this one, or a

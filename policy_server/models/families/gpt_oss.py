@@ -113,6 +113,7 @@ class GptOss(Family):
     vllm_tool_call_parser = "openai"
     vllm_reasoning_parser = "openai_gptoss"
     reasoning_efforts = ("low", "medium", "high")
+    vllm_harmony = True
     # Attention sinks: transformers' gpt-oss implements them in eager, flash and flex attention, not
     # SDPA (``_supports_sdpa = False``); eager is the one that runs on every device.
     train_attn_implementation = "eager"
