@@ -465,15 +465,30 @@ def _teach(model_dir: Path, out: Path, steps: int = 30) -> Path:
 
 
 def test_a_taught_tiny_gpt_oss_calls_its_tool_through_the_gateway(tiny_gpt_oss: Path, tmp_path: Path) -> None:
+    """The taught call parses; the same call cut off by max_tokens inside its JSON arguments reaches the
+    agent as vLLM passes it (the raw argument text) and is recorded as truncated and unparsed."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt_oss)
+    taught_ids = tokenizer.encode(TAUGHT, add_special_tokens=False)
+    # The most tokens whose text stops inside the call's arguments: '{"direction": "u', say.
+    cut = max(n for n in range(len(taught_ids)) if tokenizer.decode(taught_ids[:n]).endswith(('"', "u")))
     server = PolicyServer(HFEngine(_teach(tiny_gpt_oss, tmp_path / "taught")))
     with ServerThread(server) as thread:
         server.open_job(JOB, max_tokens=48, auto_open_rollouts=True)
         answer = _chat(thread.url, "taught", reasoning_effort="low", temperature=0.0, max_tokens=48)
         assert answer.status_code == 200, answer.text
+        cut_off = _chat(thread.url, "cut", reasoning_effort="low", temperature=0.0, max_tokens=cut)
         (record,) = server.take_trace(JOB, "taught").calls
+        (cut_record,) = server.take_trace(JOB, "cut").calls
     choice = answer.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["reasoning_content"] == "Go up." and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
     assert (call["function"]["name"], call["function"]["arguments"]) == ("move", '{"direction": "up"}')
-    assert AutoTokenizer.from_pretrained(tiny_gpt_oss).decode(record.completion_token_ids) == TAUGHT
+    assert tokenizer.decode(record.completion_token_ids) == TAUGHT
+    assert (record.truncated, record.unparsed_tool_call, record.answered) == (False, False, True)
+    (broken,) = cut_off.json()["choices"][0]["message"]["tool_calls"]
+    arguments = broken["function"]["arguments"]
+    assert '{"direction": "up"}'.startswith(arguments) and arguments != '{"direction": "up"}'
+    assert cut_record.completion_token_ids == taught_ids[:cut]
+    assert (cut_record.truncated, cut_record.unparsed_tool_call) == (True, True)
+    assert cut_record.unparsed_reason == "the completion was cut off by the token limit inside its tool calls"

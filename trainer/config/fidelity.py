@@ -55,6 +55,16 @@ class FidelityConfig(_Section):
         "names the model's family, the parser in use and the one the family expects. Unset: reported, "
         "not enforced.",
     )
+    max_truncated_unanswered_fraction: float | None = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Most share of a step's calls cut off by max_completion_length before they answered "
+        "(the reply holds reasoning only, or nothing: no content, no tool call), as a reasoning model "
+        "whose reasoning outgrows the limit leaves them; the agent gets nothing to act on. Every call cut "
+        "off is counted (truncated_calls, with the first ones' rows); one cut inside a tool call is an "
+        "unparsed tool call too. Unset: reported, not enforced.",
+    )
 
 
 class TranscriptsConfig(_Section):
