@@ -379,6 +379,28 @@ def test_the_hf_engine_serves_gpt_oss_its_reasoning_effort_and_harmony_parse(
     assert tokenizer.convert_tokens_to_ids("<|call|>") in server.engine._stop_ids
 
 
+def test_a_jobs_reasoning_effort_reaches_the_calls_that_send_none(served: tuple[PolicyServer, str]) -> None:
+    """A run's reasoning_effort (the job's) is what a call without one gets; the agent's own wins."""
+    server, url = served
+    server.open_job("job-low", max_tokens=4, auto_open_rollouts=True, reasoning_effort="low")
+    tokenizer = AutoTokenizer.from_pretrained(server.engine.model_dir)
+    sent: list[dict[str, Any]] = [
+        {},
+        {"reasoning_effort": "high"},
+        {"chat_template_kwargs": {"reasoning_effort": "high"}},
+    ]
+    for index, fields in enumerate(sent):
+        body = {"model": "default", "messages": ASK, "max_tokens": 4, **fields}
+        headers = {JOB_ARN_HEADER: "job-low", TRAJECTORY_ID_HEADER: f"r{index}"}
+        assert (
+            httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code
+            == 200
+        )
+        (record,) = server.take_trace("job-low", f"r{index}").calls
+        effort = "low" if not fields else "high"
+        assert f"\nReasoning: {effort}\n" in tokenizer.decode(record.prompt_token_ids), fields
+
+
 def test_a_reasoning_effort_gpt_oss_does_not_read_is_refused_naming_the_values(
     served: tuple[PolicyServer, str],
 ) -> None:

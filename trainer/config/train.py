@@ -16,6 +16,7 @@ from trainer.config.common import (
     BASE_DIR_KEY,
     ConfigPath,
     ImportanceSamplingMode,
+    ReasoningEffort,
     RewardAggregation,
     _Section,
 )
@@ -231,6 +232,7 @@ class TrainConfig(_Section):
     max_completion_length: int = Field(
         default=512, gt=0, description="Most tokens one model call may sample (maxTokens)."
     )
+    reasoning_effort: ReasoningEffort = None
     max_calls_per_rollout: int = Field(
         default=64, gt=0, description="Most model calls one rollout may make; later calls answer 4xx."
     )
@@ -276,10 +278,7 @@ class TrainConfig(_Section):
     prices: TokenPrices = Field(
         default_factory=TokenPrices, description="Token prices per million for the cost estimate."
     )
-    fidelity: FidelityConfig = Field(
-        default_factory=FidelityConfig,
-        description="Limits on each step's sampler/learner agreement; past one the run stops.",
-    )
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig, description=FidelityConfig.__doc__)
     transcripts: TranscriptsConfig = Field(default_factory=TranscriptsConfig, description="Episodes kept.")
 
     @model_validator(mode="before")
