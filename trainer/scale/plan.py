@@ -235,6 +235,7 @@ def _vllm_items(
 
 def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
     """The memory plan of ``config`` for a model of ``shape`` on ``node`` (no advice)."""
+    config = config.model_copy(update={"lora": config.lora.as_trained(config.init_adapter)})
     placement = place(config, node, shape)
     plans: dict[str, DevicePlan] = {}
     _device(plans, node, placement.learner_device).items.extend(_learner_items(config, shape, placement))
