@@ -35,8 +35,11 @@ def test_a_family_without_the_switch_refuses_the_run_level_effort_at_run_start(t
 
 def test_an_effort_no_family_reads_is_refused_at_config_load(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text("reasoning_effort: extreme\n")
-    with pytest.raises(ConfigError, match="reasoning_effort"):
+    with pytest.raises(ConfigError) as refused:
         load_config(tmp_path / "run.yaml")
+    assert "reasoning_effort: Input should be 'low', 'medium' or 'high'" in str(refused.value)
+    (tmp_path / "run.yaml").write_text("reasoning_effort: low\n")
+    assert load_config(tmp_path / "run.yaml").reasoning_effort == "low"
 
 
 def _plan(tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str], **fields: object) -> str:
