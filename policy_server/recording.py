@@ -31,10 +31,15 @@ def looks_like_unparsed_tool_call(result: GenerationResult) -> bool:
 
 def truncated(generation: GenerationRequest, result: GenerationResult) -> bool:
     """Whether the completion was cut off by the token limit. The engines answer ``tool_calls`` (as
-    vLLM does) when they parsed a call out of a cut completion, so a completion that filled
-    ``max_tokens`` counts too."""
-    filled = len(result.completion_token_ids) >= generation.max_tokens
-    return result.finish_reason == "length" or (result.finish_reason == "tool_calls" and filled)
+    vLLM does) when they parsed a call out of a cut completion: the hf engine says whether it was
+    cut; for one that cannot tell (vLLM), a completion with calls that filled ``max_tokens`` counts."""
+    if result.finish_reason == "length":
+        return True
+    if result.finish_reason != "tool_calls":
+        return False
+    if result.truncated is not None:
+        return result.truncated
+    return len(result.completion_token_ids) >= generation.max_tokens
 
 
 def unparsed_reason(generation: GenerationRequest, result: GenerationResult) -> str | None:

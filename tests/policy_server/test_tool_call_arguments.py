@@ -77,8 +77,12 @@ def test_truncated_json_arguments_reach_the_agent_raw_and_count_as_unparsed() ->
     found, parsed = _problem("qwen3", '<tool_call>\n{"name": "decide", "arguments": {"choice": "appr')
     assert parsed.tool_calls == [] and found == "a tool-call marker is left in the reply's content"
     # Calls in a completion that filled max_tokens: the last one may be cut short.
-    found, _ = _problem("gpt_oss", _harmony('{"choice": "approve"}'), max_tokens=8)
+    found, parsed = _problem("gpt_oss", _harmony('{"choice": "approve"}'), max_tokens=8)
     assert found == "the completion was cut off by the token limit inside its tool calls"
+    # ... where the engine cannot tell (vLLM); the hf engine says it ended at its stop token instead.
+    stopped = GenerationResult([1], [2] * 8, [-0.1] * 8, "raw", "tool_calls", None, parsed.tool_calls)
+    stopped.truncated = False
+    assert unparsed_reason(GenerationRequest(messages=[], max_tokens=8, tools=[DECIDE]), stopped) is None
     found, _ = _problem("gpt_oss", _harmony('{"choice": "approve"}'), finish_reason="length", max_tokens=99)
     assert found == "the completion was cut off by the token limit inside its tool calls"
 
