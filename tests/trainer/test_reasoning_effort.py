@@ -15,6 +15,7 @@ from policy_server.models.families import family
 from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.engine import engine_parsers
 from trainer.errors import TrainingError
+from trainer.reasoning import reasoning_refusal
 from trainer.scale import plan_cli
 
 
@@ -31,6 +32,11 @@ def test_a_family_without_the_switch_refuses_the_run_level_effort_at_run_start(t
         "reasoning_effort switch; leave reasoning_effort unset."
     )
     engine_parsers(TrainConfig(model=str(tiny_model_dir)), tiny_model_dir)  # unset: nothing to refuse
+    # Qwen3's switch is another one, and the sentence names it.
+    assert reasoning_refusal(TrainConfig(reasoning_effort="high"), family("qwen3")) == (
+        "reasoning_effort 'high' cannot be applied to every call: Qwen3 has no reasoning_effort; leave it "
+        'unset: it thinks unless a call sends chat_template_kwargs {"enable_thinking": false}.'
+    )
 
 
 def test_an_effort_no_family_reads_is_refused_at_config_load(tmp_path: Path) -> None:
