@@ -36,6 +36,8 @@ class JobLimits:
     # An auto-opened rollout without a call or a report for this long is forgotten when its slot is
     # needed (nobody takes the traces of an open job's rollouts, so they would hold the cap for good).
     idle_rollout_s: float = 600.0
+    # The reasoning_effort of every call that sends none (a run's reasoning_effort); None: none added.
+    reasoning_effort: str | None = None
 
 
 @dataclass

@@ -133,8 +133,16 @@ class PolicyServer:
         max_calls_per_rollout: int = 64,
         auto_open_rollouts: bool = False,
         max_open_rollouts: int = 1024,
+        reasoning_effort: str | None = None,
     ) -> None:
-        limits = JobLimits(max_tokens, max_calls_per_rollout, auto_open_rollouts, max_open_rollouts)
+        """Open a job; ``reasoning_effort`` is given to each of its calls that sends none."""
+        limits = JobLimits(
+            max_tokens,
+            max_calls_per_rollout,
+            auto_open_rollouts,
+            max_open_rollouts,
+            reasoning_effort=reasoning_effort,
+        )
         self.registry.open_job(job_arn, limits)
 
     def close_job(self, job_arn: str) -> TokenCounters:
@@ -274,7 +282,7 @@ class PolicyServer:
         started_at = time.time()
         limits = self.registry.limits(job_arn)
         self.registry.check_rollout(job_arn, rollout_id)
-        generation = self._admissible(request, limits.max_tokens)
+        generation = self._admissible(request, limits.max_tokens, limits.reasoning_effort)
         # Only a valid request opens a rollout of an auto-opening job (start_call does).
         ticket = self.registry.start_call(job_arn, rollout_id)
         if generation.seed is not None:
@@ -309,8 +317,11 @@ class PolicyServer:
         self.metrics.record_call(len(result.prompt_token_ids), len(result.completion_token_ids))
         return result
 
-    def _admissible(self, request: ChatCompletionRequest, max_tokens: int) -> GenerationRequest:
-        """The engine's request for a call this server accepts (images decoded); a Rejection otherwise."""
+    def _admissible(
+        self, request: ChatCompletionRequest, max_tokens: int, reasoning_effort: str | None = None
+    ) -> GenerationRequest:
+        """The engine's request for a call this server accepts (images decoded), with
+        ``reasoning_effort`` (the job's) where it sends none; a Rejection otherwise."""
         if request.model not in self.model_names:
             raise Rejection(
                 404, f"Model {request.model!r} is not served here; use {self.policy_name!r} or 'default'."
@@ -321,6 +332,8 @@ class PolicyServer:
             )
         generation = generation_request(request, max_tokens_cap=max_tokens)
         effort = generation.reasoning_effort or generation.chat_template_kwargs.get("reasoning_effort")
+        if effort is None:
+            effort = generation.reasoning_effort = reasoning_effort
         if effort is not None and self._family is not None:
             refusal = self._family.reasoning_effort_refusal(effort)
             if refusal is not None:

@@ -66,8 +66,16 @@ class CallRecord(BaseModel):
     tools: list[dict[str, Any]] | None = None
     unparsed_tool_call: bool = Field(
         default=False,
-        description="The completion looks like a tool call (its content kept a tool-call marker such as "
-        "<tool_call>) but the engine parsed no tool call out of it.",
+        description="The completion holds a tool call that did not parse: a tool-call marker such as "
+        "<tool_call> left in its content, a call whose arguments are not JSON or do not match the "
+        "request's tools schema, or calls in a completion cut off by the token limit.",
+    )
+    unparsed_reason: str | None = Field(default=None, description="Why the call counts as unparsed.")
+    truncated: bool = Field(
+        default=False, description="The completion was cut off by the token limit (max_tokens)."
+    )
+    answered: bool = Field(
+        default=True, description="The reply gave the agent content or a tool call (not reasoning only)."
     )
     images: list[ImageRef] = Field(
         default_factory=list,

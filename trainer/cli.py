@@ -6,9 +6,13 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import ConfigError, load_config
 from trainer.ops import pin_cpu_kernels
+
+if TYPE_CHECKING:
+    from trainer.run import RunSummary
 
 # What a run that never updated its adapter can try next (a sparse reward gives a group equal rewards).
 NO_UPDATE_ADVICE = (
@@ -107,13 +111,50 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_message(argv_list, config.output_dir / "checkpoints"), file=sys.stderr)
         return 130
-    if summary.adapter_dir is None:
-        outcome = (
-            "no update was applied (every group lacked reward variance or valid rollouts). "
-            f"{NO_UPDATE_ADVICE}"
-        )
-    else:
-        outcome = f"final adapter v{summary.adapter_version} at {summary.adapter_dir}"
+    outcome, code = run_outcome(summary)
     steps = "1 step" if summary.steps == 1 else f"{summary.steps} steps"
-    print(f"rft train: {steps} done in {summary.run_dir}; {outcome}")
-    return 0
+    print(f"rft train: {steps} done in {summary.run_dir}; {outcome}", file=sys.stderr if code else sys.stdout)
+    return code
+
+
+def run_outcome(summary: RunSummary) -> tuple[str, int]:
+    """What the run's closing line says it produced, and the exit status. A run no step of which
+    updated the adapter while rollouts failed exits 1 naming the failures (the likeliest reason no
+    group had two scored rollouts to compare); one whose scored groups all lacked reward variance
+    points to a warm start, or says the warm start it was given is the final adapter, unchanged."""
+    updated = sum(bool(record.get("update", {}).get("applied")) for record in summary.history)
+    failed = failures_over(summary.history)
+    if not updated and failed:
+        return (
+            f"no step updated the adapter, and rollouts failed: {failed}. Fix what failed (the agents' "
+            "own logs have the details) and train again",
+            1,
+        )
+    if summary.adapter_dir is None:
+        reason = "no update was applied (every group lacked reward variance or valid rollouts)"
+        return f"{reason}. {NO_UPDATE_ADVICE}", 0
+    if not updated:
+        return (
+            f"no step updated the adapter (every group lacked reward variance or valid rollouts): the "
+            f"final adapter v{summary.adapter_version} at {summary.adapter_dir} is the init_adapter "
+            "unchanged",
+            0,
+        )
+    return f"final adapter v{summary.adapter_version} at {summary.adapter_dir}", 0
+
+
+def failures_over(history: list[dict[str, Any]]) -> str:
+    """The run's failed rollouts by cause, each with its first error text (and row); "" for none."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for record in history:
+        for cause, count in record.get("failures", {}).items():
+            counts[cause] = counts.get(cause, 0) + int(count)
+        for cause, text in record.get("failure_errors", {}).items():
+            first.setdefault(cause, text)
+    total = sum(record.get("rollouts", {}).get("total", 0) for record in history)
+    return "; ".join(
+        f"{cause} x{count} of {total} rollouts, first: {first.get(cause, '(no error text)')}"
+        for cause, count in counts.items()
+        if count
+    )

@@ -6,6 +6,7 @@ A run on Ray builds its replicas' engines with :func:`local_engine` too, inside 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -14,7 +15,10 @@ from policy_server.engines import Engine, VLLMEngine
 from policy_server.models.families import Parsers, UnknownFamilyError, parsing_family, resolve_parsers
 from trainer.config import TrainConfig
 from trainer.errors import TrainingError
+from trainer.reasoning import reasoning_note, reasoning_refusal
 from trainer.scale.placement import Placement, cuda_visible_devices
+
+log = logging.getLogger(__name__)
 
 
 def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> Engine:
@@ -70,14 +74,21 @@ def local_engine(config: TrainConfig, model_dir: Path, placement: Placement) -> 
 def engine_parsers(config: TrainConfig, model_dir: Path) -> Parsers:
     """The tool-call and reasoning parsers the run's engine uses: ``vllm.tool_call_parser`` and
     ``vllm.reasoning_parser`` (both engines read them; ``auto``: the model family's). A setting that
-    cannot be applied (``auto`` for a model no family covers, a parser the hf engine cannot mirror)
-    is a :class:`TrainingError` with the sentence that says what to set."""
+    cannot be applied (``auto`` for a model no family covers, a parser the hf engine cannot mirror,
+    a ``reasoning_effort`` the family has no switch for) is a :class:`TrainingError` with the sentence
+    that says what to set; a ``max_completion_length`` below what its reasoning takes is a warning."""
     try:
         parsers = resolve_parsers(model_dir, config.vllm.tool_call_parser, config.vllm.reasoning_parser)
         if config.engine == "hf":
             parsing_family(parsers)
     except UnknownFamilyError as error:
         raise TrainingError(str(error)) from None
+    refusal = reasoning_refusal(config, parsers.family)
+    if refusal is not None:
+        raise TrainingError(refusal)
+    note = reasoning_note(config, model_dir)
+    if note is not None:
+        log.warning(note)
     return parsers
 
 

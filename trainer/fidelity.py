@@ -60,6 +60,16 @@ def _tool_call_cause(parsers: Parsers | None) -> str:
     )
 
 
+def _truncation_cause(fidelity: dict[str, Any]) -> str:
+    """Why calls were cut off before answering, and where the first ones are."""
+    where = "; ".join(fidelity.get("truncated_where") or [])
+    return (
+        "max_completion_length ends them while the model still reasons: raise max_completion_length, "
+        "or set a lower reasoning_effort where the model's family has one (rft plan says what its "
+        "reasoning needs)" + (f"; cut off: {where}" if where else "")
+    )
+
+
 def split_update_metrics(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
     """The update's metrics without the learner's fidelity figures, and those figures renamed."""
     update = {key: value for key, value in metrics.items() if not key.startswith(FIDELITY_PREFIX)}
@@ -73,20 +83,38 @@ def split_update_metrics(metrics: dict[str, float]) -> tuple[dict[str, float], d
 
 def step_fidelity(token_figures: dict[str, float], played: Sequence[PlayedRollout]) -> dict[str, Any]:
     """A step record's ``fidelity``: the learner's token figures (absent when nothing was trained),
-    prefix breaks over continuation calls and completions that looked like an unparsed tool call."""
+    prefix breaks over continuation calls, unparsed tool calls, and calls cut off by the token limit
+    (all of them, those cut off before any answer, and where the first few are)."""
     traces = [rollout.trace for rollout in played]
     calls = sum(len(trace.calls) for trace in traces)
     continuations = sum(max(len(trace.calls) - 1, 0) for trace in traces)
     breaks = sum(prefix_breaks(trace) for trace in traces)
     unparsed = sum(call.unparsed_tool_call for trace in traces for call in trace.calls)
+    cut = [(rollout, call) for rollout in played for call in rollout.trace.calls if call.truncated]
+    unanswered = sum(not call.answered for _, call in cut)
     return {
         **token_figures,
         "prefix_breaks": breaks,
         "prefix_break_fraction": breaks / continuations if continuations else 0.0,
         "unparsed_tool_calls": unparsed,
         "unparsed_tool_call_fraction": unparsed / calls if calls else 0.0,
+        "truncated_calls": len(cut),
+        "truncated_call_fraction": len(cut) / calls if calls else 0.0,
+        "truncated_unanswered_calls": unanswered,
+        "truncated_unanswered_fraction": unanswered / calls if calls else 0.0,
+        "truncated_where": [_where(rollout, call.index) for rollout, call in cut[:TRUNCATED_SHOWN]],
         "calls": calls,
     }
+
+
+# Truncated calls a step record names (row, rollout, call); the counts cover them all.
+TRUNCATED_SHOWN = 5
+
+
+def _where(rollout: PlayedRollout, call_index: int) -> str:
+    """Where a call is, for the user to find it: its dataset row, rollout and call number."""
+    row = rollout.request.row_name or f"group {rollout.request.group_index}"
+    return f"{row}, rollout {rollout.request.rollout_id}, call {call_index}"
 
 
 def check_fidelity(
@@ -97,18 +125,25 @@ def check_fidelity(
     went unparsed."""
     if not config.enabled or step < config.check_from_step:
         return
+    mismatch, tool_call_cause = "training does not see what sampling did", _tool_call_cause(parsers)
     checks = (
-        ("logprob_abs_diff_mean", "max_mean_abs_logprob_diff", _LOGPROB_CAUSE),
-        ("worst_sequence_abs_diff", "max_worst_sequence_abs_logprob_diff", _LOGPROB_CAUSE),
-        ("prefix_break_fraction", "max_prefix_break_fraction", _PREFIX_CAUSE),
-        ("unparsed_tool_call_fraction", "max_unparsed_tool_call_fraction", _tool_call_cause(parsers)),
+        ("logprob_abs_diff_mean", "max_mean_abs_logprob_diff", mismatch, _LOGPROB_CAUSE),
+        ("worst_sequence_abs_diff", "max_worst_sequence_abs_logprob_diff", mismatch, _LOGPROB_CAUSE),
+        ("prefix_break_fraction", "max_prefix_break_fraction", mismatch, _PREFIX_CAUSE),
+        ("unparsed_tool_call_fraction", "max_unparsed_tool_call_fraction", mismatch, tool_call_cause),
+        (
+            "truncated_unanswered_fraction",
+            "max_truncated_unanswered_fraction",
+            "sampling cuts calls off before they answer",
+            _truncation_cause(fidelity),
+        ),
     )
-    for figure, setting, cause in checks:
+    for figure, setting, headline, cause in checks:
         limit = getattr(config, setting)
         value = fidelity.get(figure)
         if limit is not None and value is not None and value > limit:
             raise TrainingError(
-                f"step {step}: training does not see what sampling did: fidelity {figure} is "
+                f"step {step}: {headline}: fidelity {figure} is "
                 f"{value:.4g}, above fidelity.{setting} ({limit:g}); {cause}. The step's figures are in "
                 "metrics.jsonl under 'fidelity' (docs/fidelity.md); fidelity.enabled: false only "
                 "measures them."

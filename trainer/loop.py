@@ -33,7 +33,7 @@ from trainer.learner.checkpoint import CheckpointWriteError, checkpoint_name, sa
 from trainer.ops.preemption import Preemption, RunPreempted
 from trainer.ops.stacks import stacks_on_demand
 from trainer.ops.watchdog import StallWatchdog
-from trainer.record import Sampled, check_failures, step_record
+from trainer.record import Sampled, check_failures, failed_postfix, step_record
 from trainer.rollouts.evaluation import EvalResult
 from trainer.rollouts.fanout import check_agents_listen
 from trainer.rollouts.pipeline import adapter_dirs
@@ -125,7 +125,9 @@ def _run_steps(run: Run, preemption: Preemption, watchdog: StallWatchdog) -> Non
                 raise _stopped(run, abandoned=True) from None
             progress.update(1)
             progress.set_postfix(
-                reward=f"{record['reward_mean']:.3f}", groups_dropped=record["groups"]["dropped"]
+                reward=f"{record['reward_mean']:.3f}",
+                groups_dropped=record["groups"]["dropped"],
+                **failed_postfix(record),
             )
             if preemption.requested and step < config.max_steps:
                 raise _stopped(run, abandoned=False)

@@ -133,6 +133,20 @@ def count_tokens(run: Run, update: StepUpdate, played: list[PlayedRollout]) -> d
     return tokens
 
 
+# Characters of a failure's first error text in a step's progress line.
+POSTFIX_ERROR_CHARS = 120
+
+
+def failed_postfix(record: dict[str, Any]) -> dict[str, str]:
+    """The step's failed rollouts for its progress line: how many of how many, the first cause with
+    its first error text and row; nothing when none failed."""
+    rollouts = record.get("rollouts", {})
+    if not rollouts.get("failed"):
+        return {}
+    cause, text = next(iter(record.get("failure_errors", {}).items()), ("failed", ""))
+    return {"failed": f"{rollouts['failed']}/{rollouts.get('total')} {cause}: {text[:POSTFIX_ERROR_CHARS]}"}
+
+
 def check_failures(step: int, played: list[PlayedRollout]) -> None:
     """Show failed rollouts' causes with their first error text; stop a run whose rollouts all failed."""
     failures = FailureCounts()

@@ -99,6 +99,7 @@ class Session:
             self.job_arn,
             max_tokens=self.config.max_completion_length,
             max_calls_per_rollout=self.config.max_calls_per_rollout,
+            reasoning_effort=self.config.reasoning_effort,
         )
 
     def _credential(self) -> str:

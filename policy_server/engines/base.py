@@ -53,6 +53,9 @@ class GenerationResult:
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     reasoning_content: str | None = None
+    # Whether max_tokens cut the completion off, where the engine knows: finish_reason says
+    # "tool_calls" (as vLLM's does) when calls were parsed out of a cut completion. None: unknown.
+    truncated: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -314,4 +314,5 @@ class DecodeLoop:
             content=parsed.content,
             tool_calls=parsed.tool_calls,
             reasoning_content=parsed.reasoning_content,
+            truncated=row.finish_reason == "length",
         )

@@ -374,6 +374,28 @@ def test_the_hf_engine_serves_gpt_oss_its_reasoning_effort_and_harmony_parse(
     assert tokenizer.convert_tokens_to_ids("<|call|>") in server.engine._stop_ids
 
 
+def test_a_jobs_reasoning_effort_reaches_the_calls_that_send_none(served: tuple[PolicyServer, str]) -> None:
+    """A run's reasoning_effort (the job's) is what a call without one gets; the agent's own wins."""
+    server, url = served
+    server.open_job("job-low", max_tokens=4, auto_open_rollouts=True, reasoning_effort="low")
+    tokenizer = AutoTokenizer.from_pretrained(server.engine.model_dir)
+    sent: list[dict[str, Any]] = [
+        {},
+        {"reasoning_effort": "high"},
+        {"chat_template_kwargs": {"reasoning_effort": "high"}},
+    ]
+    for index, fields in enumerate(sent):
+        body = {"model": "default", "messages": ASK, "max_tokens": 4, **fields}
+        headers = {JOB_ARN_HEADER: "job-low", TRAJECTORY_ID_HEADER: f"r{index}"}
+        assert (
+            httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code
+            == 200
+        )
+        (record,) = server.take_trace("job-low", f"r{index}").calls
+        effort = "low" if not fields else "high"
+        assert f"\nReasoning: {effort}\n" in tokenizer.decode(record.prompt_token_ids), fields
+
+
 def test_a_reasoning_effort_gpt_oss_does_not_read_is_refused_naming_the_values(
     served: tuple[PolicyServer, str],
 ) -> None:
@@ -460,15 +482,30 @@ def _teach(model_dir: Path, out: Path, steps: int = 30) -> Path:
 
 
 def test_a_taught_tiny_gpt_oss_calls_its_tool_through_the_gateway(tiny_gpt_oss: Path, tmp_path: Path) -> None:
+    """The taught call parses; the same call cut off by max_tokens inside its JSON arguments reaches the
+    agent as vLLM passes it (the raw argument text) and is recorded as truncated and unparsed."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt_oss)
+    taught_ids = tokenizer.encode(TAUGHT, add_special_tokens=False)
+    # The most tokens whose text stops inside the call's arguments: '{"direction": "u', say.
+    cut = max(n for n in range(len(taught_ids)) if tokenizer.decode(taught_ids[:n]).endswith(('"', "u")))
     server = PolicyServer(HFEngine(_teach(tiny_gpt_oss, tmp_path / "taught")))
     with ServerThread(server) as thread:
         server.open_job(JOB, max_tokens=48, auto_open_rollouts=True)
         answer = _chat(thread.url, "taught", reasoning_effort="low", temperature=0.0, max_tokens=48)
         assert answer.status_code == 200, answer.text
+        cut_off = _chat(thread.url, "cut", reasoning_effort="low", temperature=0.0, max_tokens=cut)
         (record,) = server.take_trace(JOB, "taught").calls
+        (cut_record,) = server.take_trace(JOB, "cut").calls
     choice = answer.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["reasoning_content"] == "Go up." and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
     assert (call["function"]["name"], call["function"]["arguments"]) == ("move", '{"direction": "up"}')
-    assert AutoTokenizer.from_pretrained(tiny_gpt_oss).decode(record.completion_token_ids) == TAUGHT
+    assert tokenizer.decode(record.completion_token_ids) == TAUGHT
+    assert (record.truncated, record.unparsed_tool_call, record.answered) == (False, False, True)
+    (broken,) = cut_off.json()["choices"][0]["message"]["tool_calls"]
+    arguments = broken["function"]["arguments"]
+    assert '{"direction": "up"}'.startswith(arguments) and arguments != '{"direction": "up"}'
+    assert cut_record.completion_token_ids == taught_ids[:cut]
+    assert (cut_record.truncated, cut_record.unparsed_tool_call) == (True, True)
+    assert cut_record.unparsed_reason == "the completion was cut off by the token limit inside its tool calls"

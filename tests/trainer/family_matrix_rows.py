@@ -11,13 +11,14 @@ from trainer.config import TrainConfig
 
 
 def measured(config: TrainConfig, **fields: Any) -> TrainConfig:
-    """A demo's GRPO config as a matrix row runs it: no evaluation, the unparsed-call share measured
-    rather than a stop (test_family_matrix.py's wrong-parser run keeps the default limit); ``fields``
-    override."""
+    """A demo's GRPO config as a matrix row runs it: no evaluation, the unparsed-call share and the
+    share of calls cut off before answering (a weak warm start may still reason past the limit)
+    measured rather than a stop (test_family_matrix.py's wrong-parser run keeps the default limit);
+    ``fields`` override."""
     overrides = {
         "eval_on_start": False,
         "eval_on_end": False,
-        "fidelity": {"max_unparsed_tool_call_fraction": None},
+        "fidelity": {"max_unparsed_tool_call_fraction": None, "max_truncated_unanswered_fraction": None},
         **fields,
     }
     return TrainConfig.model_validate({**config.model_dump(), **overrides})

@@ -67,7 +67,8 @@ def test_rft_status_prints_the_run(run_dir: Path, capsys: pytest.CaptureFixture[
     fidelity = record["fidelity"]
     assert cells[7] == f"{fidelity['logprob_abs_diff_mean']:.2e}/{fidelity['logprob_abs_diff_max']:.2e}"
     assert cells[8] == str(fidelity["prefix_breaks"])
-    assert cells[10] == f"{record['tokens']['train']:,}"
+    assert cells[9] == str(fidelity["truncated_calls"])
+    assert cells[11] == f"{record['tokens']['train']:,}"
     assert "failed rollouts by cause: agent_error 2, skipped 2" in out
     assert f"estimated cost ${record['cost_usd_total']:.4f}" in out
     assert f"last checkpoint: {run_dir / 'checkpoints' / 'step-000001'}" in out

@@ -10,6 +10,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     ValidationInfo,
 )
 
@@ -20,6 +21,19 @@ BASE_DIR_KEY = "base_dir"
 RewardAggregation = Literal["sum", "last", "mean"]
 # TRL's vllm_importance_sampling_mode values (trainer.algo.grpo implements them; config stays torch-free).
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+# TrainConfig.reasoning_effort, its values as the families with the switch read them (gpt-oss).
+ReasoningEffort = Annotated[
+    Literal["low", "medium", "high"] | None,
+    Field(
+        description="Reasoning effort of every training and evaluation call that sends none (the agent's "
+        "own reasoning_effort, or chat_template_kwargs' one, wins): the gateway sets it on the call, and "
+        "the family's template reads it (gpt-oss: 'Reasoning: low' in its system message). A model family "
+        "without the switch (Qwen3 and Gemma 4 switch thinking with enable_thinking instead) refuses it "
+        "at run start. Unset: the family's default (gpt-oss: medium). rft plan and rft train say when "
+        "max_completion_length is below what the family's reasoning takes at this effort (docs/models.md)."
+    ),
+]
 
 
 class ConfigError(ValueError):

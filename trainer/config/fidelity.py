@@ -48,12 +48,23 @@ class FidelityConfig(_Section):
         default=0.5,
         ge=0,
         le=1,
-        description="Most share of a step's calls whose completion looks like a tool call (a tool-call "
-        "marker such as <tool_call> left in its content) but did not parse into one: an engine parsing "
-        "with another parser than the model writes for leaves nearly every call so. A policy still "
-        "learning the format writes some (the demos up to 0.29 of a step, docs/fidelity.md); the stop "
+        description="Most share of a step's calls holding a tool call that did not parse (a tool-call "
+        "marker such as <tool_call> left in its content, arguments that do not match the tool's schema, "
+        "calls cut off by the token limit): an engine parsing with another parser than the model writes "
+        "for leaves nearly every call so. A policy still learning the format writes some (the demos up "
+        "to 0.35 of a step, docs/fidelity.md); the stop "
         "names the model's family, the parser in use and the one the family expects. Unset: reported, "
         "not enforced.",
+    )
+    max_truncated_unanswered_fraction: float | None = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Most share of a step's calls cut off by max_completion_length before they answered "
+        "(the reply holds reasoning only, or nothing: no content, no tool call), as a reasoning model "
+        "whose reasoning outgrows the limit leaves them; the agent gets nothing to act on. Every call cut "
+        "off is counted (truncated_calls, with the first ones' rows); one cut inside a tool call is an "
+        "unparsed tool call too. Unset: reported, not enforced.",
     )
 
 

@@ -98,8 +98,20 @@ class LoraConfig(_Section):
 
     def rank_with(self, init_adapter: str | Path | None) -> int:
         """The rank of the adapter training starts from: ``init_adapter``'s, else ``r``."""
-        if init_adapter is not None:
-            adapter_config = Path(init_adapter) / "adapter_config.json"
-            if adapter_config.is_file():
-                return int(json.loads(adapter_config.read_text())["r"])
-        return self.r
+        return self.as_trained(init_adapter).r
+
+    def as_trained(self, init_adapter: str | Path | None) -> LoraConfig:
+        """The adapter a run trains: with ``init_adapter``, the warm start's own settings from its
+        adapter_config.json (the learner loads it as saved, so its rank, alpha, dropout and targets win
+        over this section's; what the plan must count), else this section."""
+        adapter_config = Path(init_adapter) / "adapter_config.json" if init_adapter is not None else None
+        if adapter_config is None or not adapter_config.is_file():
+            return self
+        saved = json.loads(adapter_config.read_text())
+        update = {key: saved[key] for key in ("r", "lora_alpha", "lora_dropout") if key in saved}
+        # peft saves 'all-linear' expanded to the module names it reached; a regex stays a string.
+        if isinstance(saved.get("target_modules"), list) and saved["target_modules"]:
+            update["target_modules"] = sorted(saved["target_modules"])
+        if isinstance(saved.get("target_parameters"), list):
+            update["target_parameters"] = list(saved["target_parameters"])
+        return self.model_copy(update=update)

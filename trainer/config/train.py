@@ -16,6 +16,7 @@ from trainer.config.common import (
     BASE_DIR_KEY,
     ConfigPath,
     ImportanceSamplingMode,
+    ReasoningEffort,
     RewardAggregation,
     _Section,
 )
@@ -230,6 +231,7 @@ class TrainConfig(_Section):
     max_completion_length: int = Field(
         default=512, gt=0, description="Most tokens one model call may sample (maxTokens)."
     )
+    reasoning_effort: ReasoningEffort = None
     max_calls_per_rollout: int = Field(
         default=64, gt=0, description="Most model calls one rollout may make; later calls answer 4xx."
     )
@@ -275,10 +277,7 @@ class TrainConfig(_Section):
     prices: TokenPrices = Field(
         default_factory=TokenPrices, description="Token prices per million for the cost estimate."
     )
-    fidelity: FidelityConfig = Field(
-        default_factory=FidelityConfig,
-        description="Limits on each step's sampler/learner agreement; past one the run stops.",
-    )
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig, description=FidelityConfig.__doc__)
     transcripts: TranscriptsConfig = Field(default_factory=TranscriptsConfig, description="Episodes kept.")
 
     @model_validator(mode="before")

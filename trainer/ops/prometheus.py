@@ -44,7 +44,8 @@ class StepExporter:
         self.fidelity = gauge(
             "rftkit_train_fidelity",
             "The last step's sampler/learner agreement, by figure (the step record's 'fidelity', "
-            "docs/fidelity.md): logprob differences, importance ratios, prefix breaks, unparsed tool calls.",
+            "docs/fidelity.md): logprob differences, importance ratios, prefix breaks, unparsed and "
+            "truncated calls.",
             ("figure",),
         )
         self.step_seconds = gauge(
@@ -83,7 +84,8 @@ class StepExporter:
         ):
             _set(gauge, update.get(key))
         for figure, value in record.get("fidelity", {}).items():
-            _set(self.fidelity.labels(figure), value)
+            if isinstance(value, int | float):  # not the list naming where calls were cut off
+                _set(self.fidelity.labels(figure), value)
         for stat, value in record.get("staleness", {}).items():
             _set(self.staleness.labels(stat), value)
         for phase in PHASES:

@@ -1,6 +1,7 @@
 """What `rft status` shows under its table about the policy itself: the agents' own metrics (the mean
 of each metric they reported, latest step and latest evaluation) and the fidelity figures of
-:mod:`trainer.fidelity` (latest step; unparsed tool calls over the whole run too)."""
+:mod:`trainer.fidelity` (latest step; unparsed tool calls and calls cut off by the token limit over
+the whole run too)."""
 
 from __future__ import annotations
 
@@ -45,12 +46,21 @@ def fidelity_lines(records: list[dict[str, Any]]) -> list[str]:
         f"unparsed tool calls {figures.get('unparsed_tool_calls', 0)} of {figures.get('calls', 0)} calls "
         f"({_percent(figures.get('unparsed_tool_call_fraction'))})"
     )
+    parts.append(
+        f"calls cut off by the token limit {figures.get('truncated_calls', 0)} "
+        f"({_percent(figures.get('truncated_call_fraction'))}; before an answer "
+        f"{figures.get('truncated_unanswered_calls', 0)})"
+        + (f", first: {figures['truncated_where'][0]}" if figures.get("truncated_where") else "")
+    )
     unparsed = sum(int(record["fidelity"].get("unparsed_tool_calls", 0)) for record in measured)
+    cut = sum(int(record["fidelity"].get("truncated_calls", 0)) for record in measured)
     calls = sum(int(record["fidelity"].get("calls", 0)) for record in measured)
-    share = unparsed / calls if calls else 0.0
     return [
         f"fidelity, step {last['step']}: " + "; ".join(parts),
-        f"unparsed tool calls over the run: {unparsed} of {calls} calls ({_percent(share)})",
+        f"unparsed tool calls over the run: {unparsed} of {calls} calls "
+        f"({_percent(unparsed / calls if calls else 0.0)})",
+        f"calls cut off by the token limit over the run: {cut} of {calls} calls "
+        f"({_percent(cut / calls if calls else 0.0)})",
     ]
 
 

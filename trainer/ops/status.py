@@ -87,10 +87,11 @@ def _number(value: Any, spec: str) -> str:
 
 
 def step_table(records: list[dict[str, Any]]) -> str:
-    """One row per step: reward, success, rollouts, failures, update statistics, tokens, cost, time."""
+    """One row per step: reward, success, rollouts, failures, update statistics, prefix breaks, calls
+    cut off by the token limit, tokens, cost, time."""
     header = (
         "| step | reward | success | rollouts ok/all | failed | KL | clip | Δlogp mean/max "
-        "| prefix breaks | sampled tok | trained tok | cost $ | step s |"
+        "| prefix breaks | cut off | sampled tok | trained tok | cost $ | step s |"
     )
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     for record in records:
@@ -111,6 +112,7 @@ def step_table(records: list[dict[str, Any]]) -> str:
             f"{_number(fidelity.get('logprob_abs_diff_mean'), '.2e')}/"
             f"{_number(fidelity.get('logprob_abs_diff_max'), '.2e')}",
             str(fidelity.get("prefix_breaks", "-")),
+            str(fidelity.get("truncated_calls", "-")),
             _number(tokens.get("sample"), ","),
             _number(tokens.get("train"), ","),
             _number(record.get("cost_usd_total"), ".4f"),

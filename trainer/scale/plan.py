@@ -154,6 +154,7 @@ def _vllm_items(
 
 def make_plan(config: TrainConfig, shape: ModelShape, node: Node) -> Plan:
     """The memory plan of ``config`` for a model of ``shape`` on ``node`` (no choices, no advice)."""
+    config = config.model_copy(update={"lora": config.lora.as_trained(config.init_adapter)})
     placement = place(config, node, shape)
     plans: dict[str, DevicePlan] = {}
     for device in placement.learner_process_devices:

@@ -10,6 +10,7 @@ import sys
 
 from trainer.config import ConfigError, load_config
 from trainer.scale.choices import advice, resolve
+from trainer.reasoning import reasoning_note
 from trainer.scale.placement import PlacementError, detect_gpus, node_for
 from trainer.scale.plan import PlanError, render, shape_for
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rft plan: {error}", file=sys.stderr)
         return 2
     print(json.dumps(plan.as_dict(), indent=2) if args.json else render(plan))
+    note = reasoning_note(config, config.model)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr if args.json else sys.stdout)
     if not plan.fits:
         print(f"refused: {advice(resolved.config, plan)}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from policy_server.models.families.argument_types import tool_call_problem
 from policy_server.models.families.base import Family, ParsedCompletion, TinySizes, VisionParts
 
 # family name -> module defining ``FAMILY``; imported on first use, so the registry stays light.
@@ -162,4 +163,5 @@ __all__ = [
     "model_type_of",
     "parsing_family",
     "resolve_parsers",
+    "tool_call_problem",
 ]

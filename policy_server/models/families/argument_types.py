@@ -3,7 +3,9 @@
 Formats whose calls carry no JSON types (Gemma 4's ``key:value`` arguments) read every value as a
 string; vLLM then converts each string the tool's schema types otherwise (``"2"`` for an integer
 property becomes ``2``), and leaves the rest strings. Families whose hf parse must return vLLM's
-fields use :func:`typed_arguments` with the request's tools.
+fields use :func:`typed_arguments` with the request's tools. The gateway checks every parsed call
+against the same schemas (:func:`tool_call_problem`): a call that does not parse against them is an
+unparsed call in the trace.
 """
 
 from __future__ import annotations
@@ -130,3 +132,60 @@ def _finite(value: Any) -> bool:
     except (ValueError, TypeError):
         return False
     return True
+
+
+def tool_call_problem(call: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """Why a parsed tool call does not parse against the request's ``tools`` (a phrase), or None.
+
+    The call's ``arguments`` must be a JSON object, its function one the request offers, and its
+    arguments must match that function's parameters schema as far as a call can be checked without
+    a validator: required properties present, each value of a type (and enum) the schema allows, at
+    any depth. A schema that states no type allows any value.
+    """
+    function = call.get("function") or {}
+    name, arguments = function.get("name"), function.get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return f"the arguments of {name!r} are not JSON: {str(arguments)[:80]!r}"
+    if not isinstance(parsed, dict):
+        return f"the arguments of {name!r} are not a JSON object"
+    schemas = {
+        tool["function"]["name"]: tool["function"].get("parameters") or {}
+        for tool in tools or []
+        if isinstance(tool.get("function"), Mapping) and isinstance(tool["function"].get("name"), str)
+    }
+    if name not in schemas:
+        return f"it calls {name!r}, which the request's tools do not offer"
+    problem = _schema_problem(parsed, schemas[name], "")
+    return f"the arguments of {name!r} do not match its schema: {problem}" if problem else None
+
+
+def _schema_problem(value: Any, schema: Any, path: str) -> str | None:
+    """The first way ``value`` breaks ``schema`` (type, enum, required, nested), or None."""
+    if not isinstance(schema, Mapping):
+        return None
+    where = path or "the arguments"
+    if any(key in schema for key in ("type", "enum", "anyOf", "oneOf", "allOf")):
+        allowed = {_ALIASES.get(kind.strip().lower(), kind.strip().lower()) for kind in _types(schema)}
+        kind = _kind(value)
+        if kind not in allowed and not (kind == "integer" and "number" in allowed):
+            return f"{where} is {kind}, the schema asks for {' or '.join(sorted(allowed))}"
+    if isinstance(schema.get("enum"), list) and value not in schema["enum"]:
+        return f"{where} is {value!r}, not one of {schema['enum']}"
+    if isinstance(value, dict):
+        missing = [key for key in schema.get("required") or [] if key not in value]
+        if missing:
+            return f"{where} lack{'s' if path else ''} the required {', '.join(map(repr, missing))}"
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        for key, item in value.items():
+            problem = _schema_problem(item, properties.get(key), f"{path}.{key}" if path else key)
+            if problem:
+                return problem
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _schema_problem(item, schema.get("items"), f"{where}[{index}]")
+            if problem:
+                return problem
+    return None

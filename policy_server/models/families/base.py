@@ -70,6 +70,10 @@ class Family:
     # ``reasoning_effort`` values the family's template reads; () means the family has no such switch
     # and a request that sets one is refused with a sentence.
     reasoning_efforts: ClassVar[tuple[str, ...]] = ()
+    # The effort a call gets when it sends none, and the tokens the family's reasoning takes at each
+    # effort: planning floors, each with its source in docs/models.md (no figure: nothing to say).
+    default_reasoning_effort: ClassVar[str | None] = None
+    reasoning_tokens: ClassVar[tuple[tuple[str, int], ...]] = ()
     # The attention implementation the learner loads the family with (None: transformers' default).
     train_attn_implementation: ClassVar[str | None] = None
     # Full attention with an output gate (q_proj also projects a sigmoid gate: 2 x heads x head_dim),
@@ -131,6 +135,22 @@ class Family:
                 f"use one of: {', '.join(self.reasoning_efforts)}."
             )
         return None
+
+    def reasoning_budget_note(self, effort: str | None, max_completion_length: int) -> str | None:
+        """A sentence when ``max_completion_length`` is below what this family's reasoning takes at
+        ``effort`` (None: the family's default effort), else None."""
+        chosen = effort or self.default_reasoning_effort
+        need = dict(self.reasoning_tokens).get(chosen) if chosen else None
+        if need is None or max_completion_length >= need:
+            return None
+        lower = [name for name, tokens in self.reasoning_tokens if tokens <= max_completion_length]
+        default = "" if effort else ", the family's default (reasoning_effort unset)"
+        return (
+            f"max_completion_length {max_completion_length} is below the {need} tokens the {self.name} "
+            f"family's reasoning takes at reasoning_effort {chosen}{default} (docs/models.md): calls "
+            f"may end mid-reasoning with no answer; raise max_completion_length to {need}"
+            + (f", or set reasoning_effort: {lower[-1]}" if lower else "")
+        )
 
     def vllm_lora_refusal(self, target_modules: Sequence[str] | str) -> str | None:
         """Why vLLM cannot sample an adapter on ``target_modules`` as the learner computes it (a

@@ -114,6 +114,9 @@ class GptOss(Family):
     vllm_reasoning_parser = "openai_gptoss"
     reasoning_efforts = ("low", "medium", "high")
     vllm_harmony = True
+    # vLLM's and harmony's default; the token floors' sources: docs/models.md, gpt_oss.
+    default_reasoning_effort = "medium"
+    reasoning_tokens = (("low", 1024), ("medium", 4096), ("high", 16384))
     # Attention sinks: transformers' gpt-oss implements them in eager, flash and flex attention, not
     # SDPA (``_supports_sdpa = False``); eager is the one that runs on every device.
     train_attn_implementation = "eager"

@@ -79,6 +79,12 @@ class Qwen3(Family):
         """vLLM's qwen3 parser splits no reasoning off a request that turned thinking off."""
         return _NOT_THINKING if chat_template_kwargs.get("enable_thinking", True) is False else self
 
+    def reasoning_effort_refusal(self, effort: Any) -> str | None:
+        return (
+            "Qwen3 has no reasoning_effort; leave it unset: it thinks unless a call sends "
+            'chat_template_kwargs {"enable_thinking": false}.'
+        )
+
     def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
         """vLLM decodes for these parsers with the special tokens kept."""
         return self.parse_text(tokenizer.decode(list(completion_ids), skip_special_tokens=False), tools=tools)
