@@ -9,8 +9,8 @@ import json
 import sys
 
 from trainer.config import ConfigError, load_config
-from trainer.scale.choices import advice, resolve
 from trainer.reasoning import reasoning_note
+from trainer.scale.choices import advice, resolve
 from trainer.scale.placement import PlacementError, detect_gpus, node_for
 from trainer.scale.plan import PlanError, render, shape_for
 
