@@ -25,9 +25,10 @@ def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
     # ChatML's turns only append, so the turns merge into one sequence, as sampled calls do.
     (encoded,) = encode_demonstration(tokenizer, demo)
     assert len(encoded.input_ids) == len(encoded.loss_mask)
-    # The whole conversation as the template renders it, up to the last turn's end-of-turn token.
+    # The whole conversation exactly as the template renders it (the newline after the last turn's
+    # end-of-turn token kept, masked), so the sequence is a single rendering's.
     rendered = tokenizer.apply_chat_template(demo["messages"], tools=demo["tools"], tokenize=False)
-    assert tokenizer.decode(encoded.input_ids) == rendered.rstrip("\n")
+    assert tokenizer.decode(encoded.input_ids) == rendered
     # Masked-in runs are exactly the assistant's tool calls, each ending with its end-of-turn token.
     runs, current = [], []
     for token, keep in zip(encoded.input_ids, encoded.loss_mask, strict=True):
@@ -36,7 +37,6 @@ def test_only_the_assistants_tokens_carry_loss(tiny_model_dir: Path) -> None:
         elif current:
             runs.append(tokenizer.decode(current))
             current = []
-    runs.append(tokenizer.decode(current))  # the last turn ends the sequence
     calls = [m for m in demo["messages"] if m["role"] == "assistant"]
     assert len(runs) == len(calls)
     for text, message in zip(runs, calls, strict=True):

@@ -69,10 +69,26 @@ def encode_demonstration(tokenizer: Any, demonstration: dict[str, Any]) -> list[
     if not calls:
         raise DemonstrationError("a demonstration needs at least one assistant message to learn from")
     sequences = build_sequences(RolloutTrace(job_arn="sft", rollout_id="demonstration", calls=calls))
-    return [
+    encoded = [
         EncodedDemonstration(sequence.token_ids, [bool(mask) for mask in sequence.loss_mask])
         for sequence in sequences
     ]
+    return encoded[:-1] + [
+        _with_tail(encoded[-1], _ids(tokenizer, _render(tokenizer, messages, tools, False)))
+    ]
+
+
+def _with_tail(last: EncodedDemonstration, whole: list[int]) -> EncodedDemonstration:
+    """``last`` with what the whole conversation's rendering holds past it (the template's newline
+    after the final end-of-turn token, and any message after the last assistant turn), masked.
+
+    Where the conversation renders prefix-preservingly, its one sequence is then exactly the whole
+    rendering's ids, the same sequence a single rendering of the conversation gives (so a warm start
+    on such demonstrations trains on the same tensors, shapes included, and repeats its numbers)."""
+    if len(whole) <= len(last.input_ids) or whole[: len(last.input_ids)] != last.input_ids:
+        return last
+    tail = whole[len(last.input_ids) :]
+    return EncodedDemonstration(last.input_ids + tail, last.loss_mask + [False] * len(tail))
 
 
 def _call(index: int, prompt_ids: list[int], completion_ids: list[int]) -> CallRecord:
