@@ -14,8 +14,10 @@ keeps only its inputs (views of the layer's queries, keys and values, already al
 backward recomputes its scores, one block at a time. Working memory, for one layer at a time:
 ``rows x heads x QUERY_CHUNK x keys`` float32 scores (keys: the block's keys, at most T), a few
 such buffers during its softmax and its backward; the layer's own tensors (queries, keys, values,
-output) are linear in T. Flex attention would be the CUDA kernel for this, but it needs torch's
-compiler (a C++ toolchain and minutes of compiling on a CPU) where this needs nothing.
+output) are linear in T. Why not flex attention, which transformers' gpt-oss also runs (sinks as a
+score modification): outside ``torch.compile`` it computes the full scores, and compiled it needs
+inductor (on a CPU a C++ toolchain and minutes of compiling); this is plain torch on every device, the
+one code path the CPU suite checks against eager.
 
 What it handles: causal masks, sliding windows (``sliding_window``: a query sees that many keys,
 ending at its own), grouped-query attention (no repeated keys: queries are grouped by their key
