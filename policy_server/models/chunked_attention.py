@@ -23,7 +23,7 @@ What it handles: causal masks, sliding windows (``sliding_window``: a query sees
 ending at its own), grouped-query attention (no repeated keys: queries are grouped by their key
 head), right or left padding (the 2-D mask :func:`padding_mask` hands it) and attention sinks
 (gpt-oss's ``s_aux``: a learned per-head logit in the softmax's denominator that attends to
-nothing). The softmax is computed in float32 whatever the model's dtype. Queries are the last
+nothing). The products run in the model's dtype and the softmax in float32. Queries are the last
 ``Q`` of the ``K`` keys (``Q == K`` in training), as transformers' cache lays them out.
 """
 
@@ -153,8 +153,13 @@ def _block(
 ) -> torch.Tensor:
     """One block's attention: ``queries`` [rows, kv_heads, group, C, dim] at key positions
     ``first_query...``, over ``keys``/``values`` [rows, kv_heads, S, dim] at ``first_key...``."""
-    scores = torch.matmul(queries.float(), keys.float().unsqueeze(2).transpose(-1, -2)) * scale
-    query_at = torch.arange(first_query, first_query + queries.shape[3], device=queries.device)[:, None]
+    rows, kv_heads, group, count, dim = queries.shape
+    # One product per key head for all its query heads (no copies of the keys), in the model's dtype
+    # (bf16 tensor cores on a GPU); the softmax in float32.
+    flat = queries.reshape(rows, kv_heads, group * count, dim)
+    products = torch.matmul(flat, keys.transpose(-1, -2)).view(rows, kv_heads, group, count, -1)
+    scores = products.float() * scale
+    query_at = torch.arange(first_query, first_query + count, device=queries.device)[:, None]
     key_at = torch.arange(first_key, first_key + keys.shape[2], device=queries.device)[None, :]
     seen = key_at <= query_at
     if window is not None:
@@ -169,7 +174,8 @@ def _block(
         top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)
         weights = torch.exp(scores - top)
         probs = weights / (weights.sum(dim=-1, keepdim=True) + torch.exp(sink - top))
-    return torch.matmul(probs.to(values.dtype), values.unsqueeze(2))
+    flat_probs = probs.to(values.dtype).view(rows, kv_heads, group * count, -1)
+    return torch.matmul(flat_probs, values).view(rows, kv_heads, group, count, dim)
 
 
 def register_training_attention(name: str | None) -> str | None:
