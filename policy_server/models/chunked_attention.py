@@ -113,7 +113,8 @@ def chunked_attention(
         )
         layout = (offset + start, first_key, sliding_window, scale)
         if recompute:
-            blocks.append(checkpoint(_block, *inputs, *layout, use_reentrant=False))
+            # Nothing in a block draws random numbers: no RNG state to save and restore per block.
+            blocks.append(checkpoint(_block, *inputs, *layout, use_reentrant=False, preserve_rng_state=False))
         else:
             blocks.append(_block(*inputs, *layout))
     out = torch.cat(blocks, dim=3)  # [rows, kv_heads, group, Q, dim]
