@@ -1,6 +1,6 @@
 """An exact attention for training that never holds a whole sequence's [T, T] scores.
 
-transformers' eager attention (what gpt-oss trained with: its attention sinks have no SDPA kernel)
+transformers' eager attention (gpt-oss's before this: its attention sinks have no SDPA kernel)
 computes ``[rows, heads, T, T]`` scores per layer and autograd keeps them, and the softmax's output,
 for the backward: at 8k tokens and 64 heads that is gigabytes per layer. This attention computes the
 same softmax a block of :data:`QUERY_CHUNK` queries at a time, each block over exactly the keys it
