@@ -11,6 +11,8 @@
 #   3. vision  the visual maze at smoke sizes: the tiny VLM's pictures on the GPU   (deadline 120 s)
 #   4. memory  rft plan against measured peaks on Qwen2.5-0.5B/3B and Llama-3-8B shapes, update
 #              tokens/s and MFU, hf sampling at 1/8/64 calls, bf16 sampler-vs-learner mismatch (150 s)
+#   4b. moe    a gpt-oss-20b-shaped learner (random weights, LoRA on the experts, chunked attention)
+#              at 4k and 8k tokens: peak memory against rft plan's                  (deadline 150 s)
 #   5. gateway rft serve over the hf engine at 1/16/64 clients, when 60 s are left  (deadline  80 s)
 # It writes device_check.json into $OUT (the device call's output folder) or, without $OUT,
 # bench/results/ (--out PATH chooses), and each stage's log beside it in device_check.log.
@@ -154,6 +156,7 @@ stage tests 90
 stage demo 180
 stage vision 120
 stage memory 150
+stage moe 150
 if [ $((BUDGET_S - (SECONDS - started))) -ge 60 ]; then
     stage gateway 80
 else

@@ -17,6 +17,9 @@ Stages (each writes ``DIR/STAGE.json``: its results, or a sentence saying why it
   estimate, update tokens per second and MFU; hf-engine sampling tokens per second at 1, 8 and 64
   concurrent calls, its decode step beside its forward pass alone; the sampler-vs-learner logprob
   mismatch on the same weights;
+- ``moe``: gpt-oss-20b's shape (random weights, LoRA on attention and on the experts, the family's
+  chunked attention, gradient checkpointing): one update of one row of 4096 and of 8192 tokens, its
+  peak memory against ``rft plan``'s;
 - ``gateway``: ``rft serve`` over the hf engine on the device, driven at 1, 16 and 64 clients.
 
 ``--tiny`` (with ``--device cpu``, the suite's dry run) shrinks every size so the same code runs in
@@ -50,7 +53,7 @@ for path in (str(REPO), str(REPO / "bench")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-STAGES = ("tests", "demo", "vision", "memory", "gateway")
+STAGES = ("tests", "demo", "vision", "memory", "moe", "gateway")
 H200_BF16_FLOPS = 790e12  # dense bf16 peak the MFU is against
 MODEL_CONFIGS = REPO / "bench" / "model_configs"
 MODELS = ("qwen2.5-0.5b", "qwen2.5-3b", "llama-3-8b")
@@ -631,6 +634,90 @@ def stage_memory(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# --- stage 3b: a gpt-oss-20b-shaped learner at 4k and 8k tokens -----------------------------------------
+
+MOE_MODEL = "gpt-oss-20b"
+MOE_EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+MOE_TOKENS = (4096, 8192)
+
+
+def _moe_model_dir(args: argparse.Namespace, tokenizer_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """gpt-oss-20b's published shape (bench/model_configs) with its sliding windows, or a few-MB copy
+    of the same family for the dry run; the tiny model's tokenizer."""
+    config = json.loads((MODEL_CONFIGS / f"{MOE_MODEL}.json").read_text())
+    config.update(sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12)
+    if args.tiny:
+        config.update(hidden_size=128, intermediate_size=64, num_hidden_layers=2, vocab_size=2048)
+        config.update(num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4)
+        config.update(num_experts_per_tok=2, sliding_window=16, layer_types=config["layer_types"][:2])
+    directory = Path(args.work) / "models" / MOE_MODEL
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    for item in tokenizer_dir.iterdir():
+        if item.name not in ("config.json", "model.safetensors", "generation_config.json"):
+            (directory / item.name).write_bytes(item.read_bytes())
+    return directory, config
+
+
+def stage_moe(args: argparse.Namespace) -> dict[str, Any]:
+    """gpt-oss-20b's shape with random bf16 weights, LoRA r=16 on attention and on the experts
+    (target_parameters), its family's chunked attention, gradient checkpointing on: one GRPO update of
+    one row of 4096 and of 8192 tokens, the peak allocated against ``rft plan``'s update peak."""
+    import torch
+
+    from policy_server.models import build_tiny_model
+    from trainer.config import TrainConfig
+    from trainer.learner import Learner
+    from trainer.ops.metrics import NO_MLFLOW
+    from trainer.scale.memory import ModelShape
+    from trainer.scale.placement import Placement
+
+    device, dtype = _device(args), _dtype(args)
+    tokenizer_dir = build_tiny_model(Path(args.work) / "tokenizer-model", seed=args.seed)
+    model_dir, config_json = _moe_model_dir(args, tokenizer_dir)
+    shape = ModelShape.from_model_dir(model_dir)  # the family's attention: no [T, T] term
+    lengths = (48, 96) if args.tiny else MOE_TOKENS
+    fields: dict[str, Any] = {
+        "model": str(model_dir),
+        "learner": {"device": device, "logits_chunk_size": 1024, "gradient_checkpointing": True},
+        "lora": {"r": 16, "lora_dropout": 0.0, "target_parameters": MOE_EXPERTS},
+        "max_tokens_per_microbatch": max(lengths),
+        "learning_rate": 1e-5,
+        "mlflow_tracking_uri": NO_MLFLOW,
+    }
+    config = TrainConfig.model_validate(fields)
+    placement = Placement(device, dtype, device, dtype, [])
+    result: dict[str, Any] = {"parameters_b": shape.parameters() / 1e9, "gpu": None, "updates": []}
+    if device.startswith("cuda"):
+        result["gpu"] = torch.cuda.get_device_name(0)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with random_weights(device, args.seed):
+        learner = Learner(model_dir, config, placement=placement)
+    result["attention"] = learner.base_load.attn_implementation
+    result["weights_and_lora_gb"] = _memory_now(device)["allocated_gb"]
+    for length in lengths:
+        sequences = _sequences(shape.vocab, 1, length, args.seed)
+        try:
+            measured = _measure_update(learner, sequences, device, shape, length, True)
+            measured.pop("mfu")  # counted from all 21 B parameters: meaningless with 4 of 32 experts active
+        except torch.cuda.OutOfMemoryError as error:
+            measured = {"tokens": length, "out_of_memory": str(error).splitlines()[0]}
+            gc.collect()
+            torch.cuda.empty_cache()
+        sized = config.model_copy(update={"max_tokens_per_microbatch": length})
+        measured["plan"] = _plan_items(sized, shape, device)
+        if measured.get("peak_allocated_gb"):
+            planned = measured["plan"]["update_peak_gb_without_cuda_context"]
+            measured["peak_over_plan"] = measured["peak_allocated_gb"] / planned
+        result["updates"].append(measured)
+        print(f"moe stage: {length} tokens done", flush=True)
+    failed = [update["tokens"] for update in result["updates"] if "out_of_memory" in update]
+    if failed:
+        raise StageFailed(f"the gpt-oss-20b update ran out of memory at {failed} tokens", result)
+    return result
+
+
 # --- stage 4: the gateway over the hf engine -----------------------------------------------------------
 
 
@@ -688,6 +775,7 @@ RUNNERS = {
     "demo": stage_demo,
     "vision": stage_vision,
     "memory": stage_memory,
+    "moe": stage_moe,
     "gateway": stage_gateway,
 }
 

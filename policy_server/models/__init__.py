@@ -31,6 +31,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "load_model": ("policy_server.models.vision_inputs", "load_model"),
     "load_tokenizer": ("policy_server.models.chat_templates", "load_tokenizer"),
     "position_ids": ("policy_server.models.vision_inputs", "position_ids"),
+    "register_training_attention": (
+        "policy_server.models.chunked_attention",
+        "register_training_attention",
+    ),
 }
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
         chat_template_text,
         load_tokenizer,
     )
+    from policy_server.models.chunked_attention import register_training_attention
     from policy_server.models.local import LocalModelError, local_model_dir
     from policy_server.models.smollm2 import ModelBuildError, build_smollm2, cached_smollm2
     from policy_server.models.tiny import (
@@ -84,6 +89,7 @@ __all__ = [
     "load_tokenizer",
     "local_model_dir",
     "position_ids",
+    "register_training_attention",
 ]
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

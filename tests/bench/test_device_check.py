@@ -114,10 +114,10 @@ def test_the_offline_check_dry_run_on_the_cpu_writes_a_complete_report(tmp_path:
     report = json.loads(out.read_text())
     assert report["passed"] and report["device"] == "cpu" and report["torch"]
     stages = report["stages"]
-    assert list(stages) == ["tests", "demo", "vision", "memory", "gateway"]
+    assert list(stages) == ["tests", "demo", "vision", "memory", "moe", "gateway"]
     # No CUDA here: the tests marked gpu are deselected, and the report says so.
     assert stages["tests"]["status"] == "skipped" and "no CUDA device" in stages["tests"]["sentence"]
-    assert all(stages[name]["status"] == "ok" for name in ("demo", "vision", "memory", "gateway"))
+    assert all(stages[name]["status"] == "ok" for name in ("demo", "vision", "memory", "moe", "gateway"))
     for name, observation in (("demo", "text"), ("vision", "image")):
         demo = stages[name]["results"]
         assert demo["plan"] == f"tiny ({observation})"
@@ -141,5 +141,12 @@ def test_the_offline_check_dry_run_on_the_cpu_writes_a_complete_report(tmp_path:
         assert (
             mismatch["same_weights"] and mismatch["tokens"] > 0 and mismatch["k3_kl_mean"] < 1e-6
         )  # float32
+    moe = stages["moe"]["results"]
+    assert moe["attention"] == "rftkit_chunked"
+    assert [update["tokens"] for update in moe["updates"]] == [48, 96]
+    for update in moe["updates"]:
+        items = update["plan"]["items_gb"]
+        assert update["loss_finite"] and "stacks rebuilt with LoRA for the backward" in items
+        assert not any(label.startswith("eager attention") for label in items)
     rows = stages["gateway"]["results"]["rows"]
     assert [row["clients"] for row in rows] == [1, 4] and all(row["requests_per_s"] > 0 for row in rows)

@@ -24,6 +24,7 @@ from handlers import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines import HFEngine
 from policy_server.http.chat_format import normalize_messages
+from policy_server.models import register_training_attention
 from policy_server.models.families import family, family_of
 from policy_server.models.families.gpt_oss import parse_harmony
 from policy_server.models.harmony_vocabulary import harmony_vocabulary_dir
@@ -424,11 +425,11 @@ def test_a_family_without_a_reasoning_switch_refuses_reasoning_effort_naming_the
         assert httpx.post(f"{thread.url}/v1/chat/completions", json=body, headers=headers).status_code == 200
 
 
-def test_the_hf_engine_logprobs_are_the_learners_eager_ones_past_the_sliding_window(
+def test_the_hf_engine_logprobs_are_the_learners_past_the_sliding_window(
     served: tuple[PolicyServer, str],
 ) -> None:
     """Attention sinks and the 128-token window on every other layer, in the engine's batch-invariant
-    attention as in transformers' eager attention the learner trains with."""
+    attention as in the chunked attention the learner trains with."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -438,7 +439,9 @@ def test_the_hf_engine_logprobs_are_the_learners_eager_ones_past_the_sliding_win
     (record,) = server.take_trace(JOB, "fidelity").calls
     assert len(record.prompt_token_ids) > 128  # the window is exceeded
     model = AutoModelForCausalLM.from_pretrained(
-        server.engine.model_dir, dtype=torch.float32, attn_implementation=GPT_OSS.train_attn_implementation
+        server.engine.model_dir,
+        dtype=torch.float32,
+        attn_implementation=register_training_attention(GPT_OSS.train_attn_implementation),
     )
     ids = torch.tensor([record.prompt_token_ids + record.completion_token_ids])
     with torch.no_grad():
@@ -464,7 +467,9 @@ def _teach(model_dir: Path, out: Path, steps: int = 30) -> Path:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=GPT_OSS.train_attn_implementation
+        model_dir,
+        dtype=torch.float32,
+        attn_implementation=register_training_attention(GPT_OSS.train_attn_implementation),
     )
     prompt = tokenizer.encode(_template_rendering(tokenizer, ASK, [MOVE], "low"), add_special_tokens=False)
     input_ids = torch.tensor([prompt + tokenizer.encode(TAUGHT, add_special_tokens=False)])

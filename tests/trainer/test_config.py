@@ -162,7 +162,7 @@ def test_overrides_parse_yaml_scalars_into_nested_fields(tmp_path: Path) -> None
     [
         (["lora.r=0"], "lora.r: Input should be greater than 0"),
         (["num_generations=1"], "num_generations: Input should be greater than or equal to 2"),
-        (["loss_type=ppo"], "loss_type: Input should be 'grpo', 'dr_grpo' or 'dapo'"),
+        (["loss_type=ppo"], "loss_type: Input should be 'grpo', 'dr_grpo', 'dapo', 'gspo' or 'cispo'"),
         (["engine=sglang"], "engine: Input should be 'hf' or 'vllm'"),
         (["lora.lora_dropout=1.5"], "lora.lora_dropout: Input should be less than 1"),
         (["lora.target_modules=[]"], "lora.target_modules: list at least one module name"),
@@ -178,7 +178,12 @@ def test_overrides_parse_yaml_scalars_into_nested_fields(tmp_path: Path) -> None
             "num_generation: Extra inputs are not permitted (did you mean 'num_generations'?)",
         ),
         (["lora.rank=4"], "lora.rank: Extra inputs are not permitted"),
+        (
+            ["importance_sampling_level=sequence"],
+            "importance_sampling_level: Extra inputs are not permitted (did you mean 'loss_type'?)",
+        ),
         (["epsilon_high=0.1"], "epsilon_high (0.1) must be at least epsilon (0.2)"),
+        (["loss_type=cispo"], "set epsilon_high, e.g. 5.0 as ScaleRL"),
         (
             ["engine=vllm", "vllm.max_lora_rank=64", "lora.r=128"],
             "vllm.max_lora_rank (64) must be at least lora.r (128)",

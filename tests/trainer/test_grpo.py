@@ -8,14 +8,8 @@ import typing
 import pytest
 import torch
 
-from trainer.algo.grpo import (
-    IMPORTANCE_SAMPLING_MODES,
-    entropy_from_logits,
-    group_advantages,
-    grpo_loss,
-    sampler_importance_weights,
-    token_logprobs,
-)
+from trainer.algo.grpo import entropy_from_logits, group_advantages, grpo_loss, token_logprobs
+from trainer.algo.importance import IMPORTANCE_SAMPLING_MODES, sampler_importance_weights
 from trainer.config import ImportanceSamplingMode as ConfigMode
 
 # The batch most tests use: 2 sequences, 5 columns, epsilon 0.2 (ratio band [0.8, 1.2]).

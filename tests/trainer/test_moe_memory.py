@@ -117,8 +117,9 @@ def test_the_plan_counts_them_for_gpt_oss_20b() -> None:
 
 
 def test_the_familys_eager_attention_reaches_the_shape(tiny_model_dir: Path, tmp_path: Path) -> None:
-    # gpt_oss's family trains with eager attention (its sinks); qwen3's (Qwen3-MoE too) with SDPA.
-    assert ModelShape.from_model_dir(gpt_oss_dir(tiny_model_dir, tmp_path / "gpt-oss")).eager_attention
+    # gpt_oss's family trains with rftkit's chunked attention (its sinks, no [T, T] scores kept);
+    # qwen3's (Qwen3-MoE too) with SDPA: neither keeps eager attention's scores.
+    assert not ModelShape.from_model_dir(gpt_oss_dir(tiny_model_dir, tmp_path / "gpt-oss")).eager_attention
     assert not ModelShape.from_model_dir(
         qwen3_moe_dir(tiny_model_dir, tmp_path / "qwen3-moe")
     ).eager_attention

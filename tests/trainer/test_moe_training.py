@@ -26,7 +26,7 @@ EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
 class EagerFamily(Family):
-    """A family that trains with eager attention, as gpt-oss's does (its attention sinks)."""
+    """A family that names one of transformers' own attentions (eager) to train with."""
 
     name: ClassVar[str] = "eager-test"
     train_attn_implementation: ClassVar[str | None] = "eager"
@@ -52,11 +52,11 @@ def test_mxfp4_experts_load_dequantised_in_the_dtype_asked_for(tiny_model_dir: P
         parameter = model.get_parameter(name)
         assert parameter.dtype == torch.float32 and torch.equal(parameter, values), name
     assert not getattr(model, "is_quantized", False)
-    assert loaded.dtype == "float32" and loaded.attn_implementation == "eager"
+    assert loaded.dtype == "float32" and loaded.attn_implementation == "rftkit_chunked"
     assert loaded.dequantized_from == "mxfp4"
     assert loaded.params() == {
         "learner.loaded_dtype": "float32",
-        "learner.attn_implementation": "eager",
+        "learner.attn_implementation": "rftkit_chunked",
         "learner.dequantized_from": "mxfp4",
     }
 
@@ -129,7 +129,7 @@ def test_the_learner_trains_lora_on_gpt_oss_experts(gpt_oss: Path) -> None:
     assert len(experts) == 4  # gate_up and down, 2 layers
     # [out, rank x experts]: each expert has its own rank-2 factors (both stacks' out are 64 here).
     assert {tuple(param.shape) for param in experts.values()} == {(64, 2 * EXPERTS)}
-    assert learner.base_load.attn_implementation == "eager"  # the gpt_oss family's
+    assert learner.base_load.attn_implementation == "rftkit_chunked"  # the gpt_oss family's
 
     result = learner.train_step(_sequences(learner, [1.0, -1.0]), seed=1)
 

@@ -1,4 +1,6 @@
-"""GRPO math as pure functions of tensors: advantages, token logprobs, entropy, the clipped loss.
+"""GRPO math as pure functions of tensors: advantages, token logprobs, entropy, the clipped loss
+(each ``loss_type``'s policy term in :mod:`trainer.algo.surrogates`, the sampler-to-learner weights
+in :mod:`trainer.algo.importance`).
 
 Shapes: B sequences, T tokens (right-padded), V vocabulary. Every per-token tensor is aligned with
 ``input_ids``: column ``t`` is about token ``t`` (the logits at position ``t - 1`` predicted it), and
@@ -15,21 +17,16 @@ possible for the clipped ratio:
 - with one (TRL's default), the learner's own logprobs of the batch before its first optimizer pass
   (``old_logprobs``, fixed for every pass), and each token's loss is weighted by the
   sampler-to-learner ratio ``exp(old_logprobs - behavior_logprobs)``, truncated or masked above a cap
-  (:func:`sampler_importance_weights`).
+  (:func:`trainer.algo.importance.sampler_importance_weights`).
 """
 
 from __future__ import annotations
 
-import typing
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-LossType = Literal["grpo", "dr_grpo", "dapo"]
-ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = typing.get_args(ImportanceSamplingMode)
+from trainer.algo.importance import ImportanceSamplingMode, ImportanceWeights, sampler_importance_weights
+from trainer.algo.surrogates import LOSS_TYPES, LossType, policy_term
 
 
 def group_advantages(rewards: Tensor, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -86,55 +83,6 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
-@dataclass(frozen=True)
-class ImportanceWeights:
-    """The sampler-to-learner correction of one batch: per-token weights and what they came from.
-
-    ``weight``: [B, T] the factor on each token's policy loss; ``ratio``: [B, T] the raw ratio before
-    the cap (a sequence mode's one ratio per sequence, repeated on its tokens); ``capped``: [B, T] bool,
-    True where the cap truncated or masked the ratio. All three are meaningful only where the loss
-    mask is 1.
-    """
-
-    weight: Tensor
-    ratio: Tensor
-    capped: Tensor
-
-
-def sampler_importance_weights(
-    old_logprobs: Tensor,
-    behavior_logprobs: Tensor,
-    loss_mask: Tensor,
-    *,
-    mode: ImportanceSamplingMode = "token_truncate",
-    cap: float = 3.0,
-) -> ImportanceWeights:
-    """Importance weights of the learner's old policy over the sampler's, as TRL's modes define them.
-
-    The per-token ratio is ``exp(old_logprobs - behavior_logprobs)``. ``token_*`` modes keep one ratio
-    per token; ``sequence_*`` modes take one per sequence, the product of its tokens' ratios
-    (``exp`` of the summed log-ratios). ``*_truncate`` caps a ratio at ``cap`` (truncated importance
-    sampling, Yao et al. 2025); ``*_mask`` sets a ratio above ``cap`` to 0, dropping that token or
-    sequence from the policy loss. No gradient flows through the weights.
-    """
-    if mode not in IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"importance sampling mode must be one of {IMPORTANCE_SAMPLING_MODES}, got {mode!r}")
-    if cap <= 0:
-        raise ValueError(f"importance sampling cap must be positive, got {cap}")
-    mask = loss_mask.to(old_logprobs.dtype)
-    difference = (old_logprobs - behavior_logprobs).detach()
-    log_ratio = torch.where(mask > 0, difference, torch.zeros_like(difference))
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
-    ratio = torch.exp(log_ratio)
-    capped = ratio > cap
-    if mode.endswith("truncate"):
-        weight = torch.clamp(ratio, max=cap)
-    else:
-        weight = torch.where(capped, torch.zeros_like(ratio), ratio)
-    return ImportanceWeights(weight=weight, ratio=ratio, capped=capped)
-
-
 def _importance_metrics(weights: ImportanceWeights, mask: Tensor) -> dict[str, float]:
     on = mask > 0
     return {
@@ -166,7 +114,9 @@ def grpo_loss(
     total_episodes: int | None = None,
     total_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The clipped GRPO surrogate (to minimise) and its metrics.
+    """The clipped GRPO surrogate (to minimise) and its metrics: the policy term of ``loss_type``
+    (:mod:`trainer.algo.surrogates`), weighted by the sampler-to-learner correction when one is on,
+    plus the KL term, averaged.
 
     Args:
         logprobs: [B, T] current policy's token logprobs (with grad), from :func:`token_logprobs`.
@@ -178,9 +128,13 @@ def grpo_loss(
             ``grpo``: mean over each episode's masked tokens, then mean over episodes;
             ``dr_grpo``: sum over all masked tokens / (episodes * ``max_completion_length``), Dr. GRPO's
             constant normaliser (no length bias);
-            ``dapo``: sum over all masked tokens / number of masked tokens (token-level mean).
+            ``dapo``: sum over all masked tokens / number of masked tokens (token-level mean);
+            ``gspo``: one clipped ratio per sequence (the exp of its tokens' mean log-ratio), averaged
+            as ``grpo``; ``cispo``: each token's ratio capped at ``epsilon_high``, gradient stopped,
+            times the advantage and the logprob, averaged as ``dapo``.
         epsilon, epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
-            (``epsilon_high`` defaults to ``epsilon``; DAPO's clip-higher sets it larger).
+            (``epsilon_high`` defaults to ``epsilon``; DAPO's clip-higher sets it larger); for
+            ``cispo``, ``epsilon_high`` is the cap of the ratio itself, and required.
         max_completion_length: the constant of ``dr_grpo`` (required there, unused otherwise).
         ref_logprobs: [B, T] reference (base model) logprobs; with ``beta > 0`` adds ``beta * k3`` per
             token, k3 = exp(ref - lp) - (ref - lp) - 1, averaged like the surrogate.
@@ -208,13 +162,14 @@ def grpo_loss(
 
     Returns:
         ``(loss, metrics)``: a scalar tensor and floats ``clip_fraction`` (masked tokens whose clipped
-        branch was taken), ``ratio_mean`` (of the clipped ratio), ``mismatch_kl`` (k3 of
-        KL(sampler || trainer), masked mean), when given ``kl`` and ``entropy``, and with an
-        importance-sampling mode ``is_ratio_mean``, ``is_ratio_max`` (the sampler-to-learner ratio
-        before its cap), ``is_capped_fraction`` (tokens whose ratio was truncated or masked) and
-        ``is_weight_mean`` (the weight applied).
+        branch was taken; cispo: whose weight was capped with a positive advantage, TRL's
+        ``cispo_clip_ratio``), ``ratio_mean`` (of the clipped ratio; gspo: its sequences' ratios),
+        ``mismatch_kl`` (k3 of KL(sampler || trainer), masked mean), when given ``kl`` and
+        ``entropy``, and with an importance-sampling mode ``is_ratio_mean``, ``is_ratio_max`` (the
+        sampler-to-learner ratio before its cap), ``is_capped_fraction`` (tokens whose ratio was
+        truncated or masked) and ``is_weight_mean`` (the weight applied).
     """
-    _check_loss_args(loss_type, max_completion_length, beta, ref_logprobs)
+    _check_loss_args(loss_type, max_completion_length, beta, ref_logprobs, epsilon_high)
     mask = loss_mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
     eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
@@ -225,10 +180,8 @@ def grpo_loss(
     old, weights = _old_policy(
         logprobs, behavior_logprobs, old_logprobs, mask, importance_sampling_mode, importance_sampling_cap
     )
-    log_ratio = torch.where(mask > 0, logprobs - old, torch.zeros_like(logprobs))
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    per_token = -torch.min(ratio * adv, clipped * adv)
+    term = policy_term(loss_type, logprobs, old, adv, mask, eps_low, eps_high)
+    per_token, ratio = term.per_token, term.ratio
     if weights is not None:
         per_token = per_token * weights.weight
         metrics.update(_importance_metrics(weights, mask))
@@ -242,10 +195,7 @@ def grpo_loss(
         per_token * mask, mask, loss_type, num_episodes, episode_tokens, max_completion_length, total_tokens
     )
 
-    # The clipped branch is taken (no gradient flows) when the ratio left the band in the direction
-    # the advantage pushes it.
-    is_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
-    metrics["clip_fraction"] = _masked_mean(is_clipped.to(mask.dtype), mask)
+    metrics["clip_fraction"] = _masked_mean(term.clipped.to(mask.dtype), mask)
     metrics["ratio_mean"] = _masked_mean(ratio.detach(), mask)
     metrics["mismatch_kl"] = _masked_mean(_k3(behavior_log_ratio.detach()), mask)
     if entropy is not None:
@@ -290,10 +240,19 @@ def _with_kl(
 
 
 def _check_loss_args(
-    loss_type: str, max_completion_length: int | None, beta: float, ref_logprobs: Tensor | None
+    loss_type: str,
+    max_completion_length: int | None,
+    beta: float,
+    ref_logprobs: Tensor | None,
+    epsilon_high: float | None,
 ) -> None:
-    if loss_type not in ("grpo", "dr_grpo", "dapo"):
-        raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    if loss_type == "cispo" and epsilon_high is None:
+        raise ValueError(
+            "loss_type 'cispo' caps its importance weight at epsilon_high (ScaleRL uses 5.0): "
+            "set epsilon_high"
+        )
     if loss_type == "dr_grpo" and not max_completion_length:
         raise ValueError("loss_type 'dr_grpo' needs max_completion_length (its constant normaliser)")
     if beta > 0.0 and ref_logprobs is None:
@@ -309,8 +268,9 @@ def _average(
     max_completion_length: int | None,
     total_tokens: int | None,
 ) -> Tensor:
-    """The masked per-token losses averaged as ``loss_type`` says (see :func:`grpo_loss`)."""
-    if loss_type == "grpo":
+    """The masked per-token losses averaged as ``loss_type`` says (see :func:`grpo_loss`): gspo as
+    grpo, cispo as dapo (TRL's normalisers for them)."""
+    if loss_type in ("grpo", "gspo"):
         tokens = mask.sum(-1) if episode_tokens is None else episode_tokens.to(mask.dtype)
         return (masked.sum(-1) / tokens.clamp(min=1.0)).sum() / num_episodes
     if loss_type == "dr_grpo":

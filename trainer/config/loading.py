@@ -93,6 +93,7 @@ ALIASES: dict[str, str] = {
     "kl_coef": "beta",
     "group_size": "num_generations",
     "max_new_tokens": "max_completion_length",
+    "importance_sampling_level": "loss_type",  # TRL's sequence level with loss_type grpo is gspo here
     "base_url": "attach_url",
     "vllm_python": "python",
 }

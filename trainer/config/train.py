@@ -25,6 +25,7 @@ from trainer.config.faults import FaultsConfig
 from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
 from trainer.config.learner import LearnerConfig
 from trainer.config.lora import LoraConfig
+from trainer.config.objective import EpsilonHighField, LossTypeField, check_objective
 from trainer.config.placement import PlacementConfig
 from trainer.config.prices import TokenPrices
 from trainer.config.ray import RayConfig
@@ -143,12 +144,7 @@ class TrainConfig(_Section):
         "vllm_importance_sampling_correction the learner's own before the first pass, as TRL); the "
         "learning-rate schedule counts optimizer steps (max_steps x num_iterations).",
     )
-    loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
-        default="dapo",
-        description="'grpo': token mean per episode (all of a rollout's calls), then mean over "
-        "episodes; 'dr_grpo': token sum over a constant (episodes x max_completion_length); 'dapo': "
-        "mean over all tokens of the batch.",
-    )
+    loss_type: LossTypeField = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = Field(
         default="group",
         description="Divide advantages by the reward std of the group, of the batch, or not at all "
@@ -161,9 +157,7 @@ class TrainConfig(_Section):
         "start), else the base model (adapter disabled); 0 skips the KL pass.",
     )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
-    epsilon_high: float | None = Field(
-        default=None, gt=0, description="Upper clip range; unset: epsilon (DAPO uses 0.28)."
-    )
+    epsilon_high: EpsilonHighField = None
     use_bias_correction_kl: bool = Field(
         default=False,
         description="With beta > 0, multiply each token's k3 KL term by the importance ratio of the "
@@ -333,8 +327,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
-            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be at least epsilon ({self.epsilon})")
+        check_objective(self.loss_type, self.epsilon, self.epsilon_high)
         if self.ray is not None and self.vllm.devices is not None:
             raise ValueError("ray with vllm.devices: Ray assigns each replica its GPUs; unset devices")
         if self.policy_server.gateway_workers > 1 and self.engine != "vllm":

@@ -9,8 +9,9 @@ installed whether a quantized checkpoint stays quantized (its weights are then n
   dequantise on load (gpt-oss's MXFP4 experts: ``Mxfp4Config(dequantize=True)``) is dequantised to
   the dtype asked for; any other quantized checkpoint is refused with a sentence;
 - the attention implementation is the family's ``train_attn_implementation``
-  (``policy_server/models/families``; gpt-oss's attention sinks need eager attention), or
-  transformers' default for a family that names none;
+  (``policy_server/models/families``; gpt-oss's attention sinks and sliding windows train in
+  rftkit's chunked attention, ``policy_server/models/chunked_attention.py``, registered with
+  transformers here), or transformers' default for a family that names none;
 - what was used (dtype, attention, what the weights were dequantised from) is logged and returned,
   for the run's record.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from policy_server.models import load_model
+from policy_server.models import load_model, register_training_attention
 from policy_server.models.families import HERMES, Family, family_of
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,9 @@ def training_load_options(
     checkpoint transformers can dequantise (:class:`QuantizedBaseError` for any other)."""
     options: dict[str, Any] = {"dtype": dtype}
     chosen = family if family is not None else family_of(model_dir) or HERMES
-    if chosen.train_attn_implementation is not None:
-        options["attn_implementation"] = chosen.train_attn_implementation
+    attention = register_training_attention(chosen.train_attn_implementation)
+    if attention is not None:
+        options["attn_implementation"] = attention
     method = quant_method(model_dir)
     if method is None:
         return options

@@ -36,6 +36,8 @@ class Gemma4(Family):
     # embeddings or the output head (docs/models.md, gemma4).
     vllm_mismatched_lora_modules = ("k_proj",)
     vllm_unloadable_lora_modules = ("embed_tokens", "lm_head")
+    # No train_attn_implementation: Gemma 4's text layers (sliding windows, no sinks, no soft-capping)
+    # train in transformers' default, SDPA, whose fused kernels keep no [T, T] scores on CUDA.
 
     def __init__(self, properties: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         # Each offered tool's parameter properties, which type the call's values (with_tools).

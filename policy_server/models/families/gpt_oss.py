@@ -1,6 +1,7 @@
 """gpt-oss: the harmony format (channels analysis, commentary and final; tool calls addressed
 ``to=functions.NAME``), vLLM's ``openai`` tool-call and ``openai_gptoss`` reasoning parsers, a
-``reasoning_effort`` switch, eager attention for training (its attention sinks); its tiny model
+``reasoning_effort`` switch, rftkit's chunked attention for training (its attention sinks and sliding
+windows, exact, with no [T, T] scores); its tiny model
 ships the ``harmony`` template (``policy_server/models/tiny_gpt_oss.py``).
 
 Harmony is token-level: the channel and the recipient live in special tokens, so a completion is
@@ -118,8 +119,10 @@ class GptOss(Family):
     default_reasoning_effort = "medium"
     reasoning_tokens = (("low", 1024), ("medium", 4096), ("high", 16384))
     # Attention sinks: transformers' gpt-oss implements them in eager, flash and flex attention, not
-    # SDPA (``_supports_sdpa = False``); eager is the one that runs on every device.
-    train_attn_implementation = "eager"
+    # SDPA (``_supports_sdpa = False``). Eager keeps [rows, heads, T, T] scores per layer; rftkit's
+    # chunked attention (policy_server/models/chunked_attention.py) computes the same numbers a block
+    # of queries at a time, on every device.
+    train_attn_implementation = "rftkit_chunked"
 
     def parse(self, tokenizer: Any, completion_ids: Sequence[int], *, tools: bool) -> ParsedCompletion:
         """vLLM's harmony parse of these tokens, decoded with their special tokens."""
