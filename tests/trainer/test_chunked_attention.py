@@ -194,3 +194,12 @@ def test_a_mask_pattern_or_dropout_it_does_not_compute_is_refused_with_what_to_d
         layer.self_attn.attention_dropout = 0.1
     with pytest.raises(ChunkedAttentionError, match="set the config's attention_dropout to 0"):
         gpt_oss(input_ids=torch.ones(1, 5, dtype=torch.long))
+
+
+def test_the_plan_counts_the_block_the_attention_computes() -> None:
+    """`rft plan` counts the chunked attention's working scores by its name and block size
+    (trainer/scale/memory.py keeps them without importing torch): the two must agree."""
+    from trainer.scale.memory import BLOCKWISE_ATTENTION
+
+    assert BLOCKWISE_ATTENTION == {ATTENTION_NAME: QUERY_CHUNK}
+    assert family("gpt_oss").train_attn_implementation == ATTENTION_NAME

@@ -35,7 +35,8 @@ LORA_TRAINING_BYTES = 16
 # Training attentions that compute the softmax a block of queries at a time (never a whole [T, T]),
 # by their attn_implementation name, with their block's queries: rftkit's chunked attention
 # (policy_server/models/chunked_attention.py, QUERY_CHUNK). What their working scores take is
-# :meth:`ModelShape.attention_block_bytes`.
+# :meth:`ModelShape.attention_block_bytes`. Kept here, not imported, so the plan needs no torch
+# (tests/trainer/test_chunked_attention.py checks the two agree).
 BLOCKWISE_ATTENTION = {"rftkit_chunked": 128}
 
 
