@@ -41,6 +41,7 @@ from trainer.run import (
     Run,
     RunSummary,
     add_log_file,
+    close_learner,
     evaluate_run,
     finish,
     logged_stop,
@@ -107,6 +108,7 @@ def _train(
         try:
             run.session.close()
         finally:
+            close_learner(run.learner)
             run.metrics.close(failed=failed)
 
 

@@ -29,7 +29,6 @@ import torch
 
 from policy_server import ImageStore
 from trainer.algo.sequences import TrainingSequence
-from trainer.errors import TrainingError
 from trainer.learner.learner import Learner
 from trainer.learner.model import TRAINED_ADAPTER
 from trainer.learner.steps import GradientSums, StepTotals
@@ -140,7 +139,10 @@ class RankLearner(Learner):
         if self.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(
-                str(directory), selected_adapters=[TRAINED_ADAPTER], save_embedding_layers=False, state_dict=full
+                str(directory),
+                selected_adapters=[TRAINED_ADAPTER],
+                save_embedding_layers=False,
+                state_dict=full,
             )
         return directory
 
@@ -154,14 +156,6 @@ class RankLearner(Learner):
             "steps_skipped": self.steps_skipped,
             "sharded_processes": self.world,
         }
-
-    def restore(self, adapter_dir: str | Path, training_state: dict[str, Any]) -> None:
-        if self.sharded:
-            raise TrainingError(
-                "this checkpoint was written by an unsharded learner (learner.shard: off or a single "
-                "learner process): resume it with learner.shard: off, or start a new run to shard the learner"
-            )
-        super().restore(adapter_dir, training_state)
 
     def save_sharded_state(self, directory: Path) -> None:
         from trainer.learner.fsdp import save_sharded_state
