@@ -2,8 +2,9 @@
 models train the adapter one unsharded learner trains, checkpoint their sharded optimizer state and
 resume it on another number of processes, and name a rank that dies.
 
-Every test starts its learner processes (a few seconds each); the numbers are compared with one
-:class:`Learner` in this process over the same batches and seeds.
+Every test starts its learner processes (a few seconds each, more on a loaded machine: the module
+is marked slow); the numbers are compared with one :class:`Learner` in this process over the same
+batches and seeds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ from trainer.learner.processes import LearnerProcessDied, ProcessLearner
 # Adam turns a gradient's float rounding (sums in another order across ranks) into up to its whole
 # step where the gradient is near zero: a small learning rate keeps that under the 1e-6 asked for,
 # and three steps still move the adapter far more than that (checked below).
+pytestmark = pytest.mark.slow
+
 LEARNING_RATE = 2e-4
 TOLERANCE = 1e-6
 
@@ -121,61 +125,80 @@ def processes() -> Iterator[list[ProcessLearner]]:
         learner.close()
 
 
-@pytest.mark.parametrize(("shard", "beta"), [("fsdp", 0.0), ("fsdp", 0.04), ("off", 0.0)])
-def test_two_sharded_processes_train_the_adapter_of_one_learner(
-    tiny_model_dir: Path, processes: list[ProcessLearner], shard: str, beta: float
-) -> None:
-    local = Learner(tiny_model_dir, _config(beta=beta))
+@dataclass
+class Trained:
+    """One learner in this process, three steps on six sequences: what the processes must match."""
+
+    sequences: list[TrainingSequence]
+    start: dict[str, torch.Tensor]
+    metrics: list[dict[str, float]]
+    adapter: dict[str, torch.Tensor]
+    learner: Learner
+
+
+def _trained(model_dir: Path, beta: float) -> Trained:
+    local = Learner(model_dir, _config(beta=beta))
     start = local.adapter_state()
     sequences = _sequences(local)
-    expected = _steps(local, sequences, range(3))
-    learner = ProcessLearner(tiny_model_dir, _config(2, shard, beta=beta))
-    processes.append(learner)
-    got = _steps(learner, sequences, range(3))
-    _same_steps(got, expected)
-    if beta:
-        assert got[-1]["kl"] > 0 and got[-1]["kl"] == pytest.approx(expected[-1]["kl"], rel=1e-4)
-    difference = _difference(learner.adapter_state(), local.adapter_state())
+    metrics = _steps(local, sequences, range(3))
+    return Trained(sequences, start, metrics, local.adapter_state(), local)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir: Path) -> Trained:
+    return _trained(tiny_model_dir, beta=0.0)
+
+
+def _matches(learner: ProcessLearner, got: list[dict[str, float]], expected: Trained) -> None:
+    _same_steps(got, expected.metrics)
+    difference = _difference(learner.adapter_state(), expected.adapter)
     assert difference <= TOLERANCE, f"the adapters differ by {difference}"
-    assert _difference(start, local.adapter_state()) > 100 * TOLERANCE  # the steps did train
+    assert _difference(expected.start, expected.adapter) > 100 * TOLERANCE  # the steps did train
 
 
-def test_a_sharded_checkpoint_resumes_exactly_on_another_number_of_processes(
-    tiny_model_dir: Path, tmp_path: Path, processes: list[ProcessLearner]
+def test_two_sharded_processes_train_the_adapter_of_one_learner_and_resume_on_one(
+    tiny_model_dir: Path, tmp_path: Path, trained: Trained, processes: list[ProcessLearner]
 ) -> None:
-    local = Learner(tiny_model_dir, _config())
-    sequences = _sequences(local)
+    sequences = trained.sequences
     two = ProcessLearner(tiny_model_dir, _config(2, "fsdp"))
     processes.append(two)
-    _steps(two, sequences, range(2))
+    got = _steps(two, sequences, range(2))
     checkpoint = save_checkpoint(tmp_path, RunState(step=2), two, keep=1)
-    # Each rank's shard of the LoRA weights and AdamW's moments, and one adapter gathered whole.
-    assert sorted(path.name for path in (checkpoint / "sharded").glob("*.distcp")) == [
-        "__0_0.distcp",
-        "__1_0.distcp",
-    ]
+    got += _steps(two, sequences, range(2, 3))
+    _matches(two, got, trained)
+    # The checkpoint: each rank's shard of the LoRA weights and AdamW's moments, one adapter whole.
+    shards = sorted(path.name for path in (checkpoint / "sharded").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
     assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
-    expected = _steps(two, sequences, range(2, 3))
-    one = ProcessLearner(tiny_model_dir, _config(1, "fsdp"))
+    one = ProcessLearner(tiny_model_dir, _config(1, "fsdp"))  # a world of one: still sharded, FSDP2
     processes.append(one)
     assert load_checkpoint(checkpoint, one).state.step == 2
-    got = _steps(one, sequences, range(2, 3))
-    assert got[0]["loss"] == pytest.approx(expected[0]["loss"], abs=1e-6)
-    assert got[0]["learning_rate"] == expected[0]["learning_rate"]  # the schedule resumed too
-    difference = _difference(one.adapter_state(), two.adapter_state())
-    assert difference <= TOLERANCE, f"resumed on one process, the adapter differs by {difference}"
+    resumed = _steps(one, sequences, range(2, 3))
+    assert resumed[0]["learning_rate"] == got[2]["learning_rate"]  # the schedule resumed too
+    _matches(one, got[:2] + resumed, trained)
     # An unsharded learner cannot read the shards: the sentence says which setting can.
     with pytest.raises(TrainingError, match=r"sharded over 2 learner process\(es\) \(learner.shard: fsdp\)"):
-        load_checkpoint(checkpoint, local)
+        load_checkpoint(checkpoint, trained.learner)
 
 
-def test_a_learner_process_killed_mid_step_ends_the_step_naming_its_rank(
+def test_two_unsharded_learner_processes_are_plain_data_parallel(
+    tiny_model_dir: Path, trained: Trained, processes: list[ProcessLearner]
+) -> None:
+    learner = ProcessLearner(tiny_model_dir, _config(2, "off"))
+    processes.append(learner)
+    _matches(learner, _steps(learner, trained.sequences, range(3)), trained)
+
+
+def test_sharded_processes_with_kl_match_one_learner_and_name_a_rank_killed_mid_step(
     tiny_model_dir: Path, processes: list[ProcessLearner]
 ) -> None:
-    local = Learner(tiny_model_dir, _config())
-    sequences = _sequences(local)
-    learner = ProcessLearner(tiny_model_dir, _config(2, "fsdp"))
+    expected = _trained(tiny_model_dir, beta=0.04)
+    learner = ProcessLearner(tiny_model_dir, _config(2, "fsdp", beta=0.04))
     processes.append(learner)
+    got = _steps(learner, expected.sequences, range(3))
+    _matches(learner, got, expected)
+    assert got[-1]["kl"] > 0 and got[-1]["kl"] == pytest.approx(expected.metrics[-1]["kl"], rel=1e-4)
+
     victim = learner.processes[1]
     # Rank 1 frozen before the step: rank 0 starts it alone and waits in its first collective.
     os.kill(victim.pid, signal.SIGSTOP)
@@ -183,7 +206,7 @@ def test_a_learner_process_killed_mid_step_ends_the_step_naming_its_rank(
 
     def step() -> None:
         try:
-            learner.train_step(sequences, seed=0)
+            learner.train_step(expected.sequences, seed=0)
         except BaseException as error:
             failure.append(error)
 
@@ -195,8 +218,8 @@ def test_a_learner_process_killed_mid_step_ends_the_step_naming_its_rank(
     (error,) = failure
     assert isinstance(error, LearnerProcessDied) and error.rank == 1
     assert re.fullmatch(
-        rf"learner process 1 of 2 \(pid {victim.pid}\) died \(killed by SIGKILL\) during train_step: the step "
-        r"cannot finish, so the run stops; `rft train --resume` continues from the newest checkpoint",
+        rf"learner process 1 of 2 \(pid {victim.pid}\) died \(killed by SIGKILL\) during train_step: the "
+        r"step cannot finish, so the run stops; `rft train --resume` continues from the newest checkpoint",
         str(error),
     )
     assert all(process.poll() is not None for process in learner.processes)  # none left behind

@@ -2,13 +2,12 @@
 
 With a ``ray`` section in the config, the learner is :class:`RayLearner`: ``ray.learner_workers``
 Ray actors, each holding the model and its LoRA adapter on one device, joined in one
-``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). A step's
-micro-batches are dealt out round-robin; each worker scales its micro-batches' losses by the *whole*
-batch's episode and token counts (as the one-process learner does for gradient accumulation, see
-:func:`trainer.algo.grpo.grpo_loss`), so the all-reduced **sum** of the workers' LoRA gradients is the
-one-process gradient of the whole batch. Every worker then clips and steps identically, so their
-adapters stay equal; rank 0 hands out the adapter and the optimizer state. Each micro-batch draws its
-dropout from its own seed, so which worker computes it changes nothing.
+``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). Each worker is a
+:class:`~trainer.learner.rank.RankLearner` (the micro-batches dealt round-robin, the losses scaled by
+the whole batch's counts, the LoRA gradients all-reduced), so every worker clips and steps
+identically and their adapters stay equal; rank 0 hands out the adapter and the optimizer state.
+:class:`LearnerWorker` is also the body of a learner process on one node without Ray
+(:mod:`trainer.learner.processes`), where the model may be sharded.
 
 Files never have to be shared between nodes: adapters and optimizer state travel as bytes and tensors
 through Ray, and a batch's images with the batch, so the workers may run on any node of the cluster.
