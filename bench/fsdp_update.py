@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -115,6 +116,7 @@ def main() -> None:
         "step_seconds": seconds,
         "step_median_s": medians,
         "overhead_ratio": medians["fsdp_2_processes"] / medians["unsharded_1_process"],
+        "load_average_1min": os.getloadavg()[0],  # other jobs on the same cores
         "rss_loaded_mb": loaded,
         "rss_peak_mb": peak,
     }

@@ -42,14 +42,16 @@ LEARNING_RATE = 2e-4
 TOLERANCE = 1e-6
 
 
-def _config(processes: int | None = None, shard: str = "off", **fields: Any) -> TrainConfig:
+def _config(
+    processes: int | None = None, shard: str = "off", timeout_s: float = 60, **fields: Any
+) -> TrainConfig:
     # Dropout on: a micro-batch's mask must not depend on the rank that computes it. A small token
     # budget makes five micro-batches for six sequences: two ranks get three and two (a padding pass).
     learner: dict[str, Any] = {
         "device": "cpu",
         "dtype": "float32",
         "shard": shard,
-        "collective_timeout_s": 60,
+        "collective_timeout_s": timeout_s,
     }
     if processes is not None:
         learner["processes"] = processes
@@ -181,12 +183,25 @@ def test_two_sharded_processes_train_the_adapter_of_one_learner_and_resume_on_on
         load_checkpoint(checkpoint, trained.learner)
 
 
-def test_two_unsharded_learner_processes_are_plain_data_parallel(
+def test_two_unsharded_learner_processes_are_plain_data_parallel_and_a_hung_rank_is_named(
     tiny_model_dir: Path, trained: Trained, processes: list[ProcessLearner]
 ) -> None:
-    learner = ProcessLearner(tiny_model_dir, _config(2, "off"))
+    # The timeout bounds how far one rank may run ahead of another: room for this loaded machine.
+    learner = ProcessLearner(tiny_model_dir, _config(2, "off", timeout_s=30))
     processes.append(learner)
     _matches(learner, _steps(learner, trained.sequences, range(3)), trained)
+    # A rank that hangs: the other gives up in its collective after the timeout, and the step ends
+    # naming the silent rank.
+    hung = learner.processes[1]
+    os.kill(hung.pid, signal.SIGSTOP)
+    with pytest.raises(LearnerProcessDied) as failure:
+        learner.train_step(trained.sequences, seed=0)
+    assert failure.value.rank == 1
+    assert str(failure.value).startswith(
+        f"learner process 1 of 2 (pid {hung.pid}) stopped answering (the other ranks gave up waiting for it "
+        "in a collective after learner.collective_timeout_s = 30 s) during train_step: the step cannot finish"
+    )
+    assert all(process.poll() is not None for process in learner.processes)
 
 
 def test_sharded_processes_with_kl_match_one_learner_and_name_a_rank_killed_mid_step(

@@ -83,6 +83,7 @@ class ProcessLearner:
         placement = placement or place(config, node_for(config, detect_gpus()))
         devices = process_devices(config, placement)
         self.world, self.sharded, self.image_store = len(devices), shards_learner(config), image_store
+        self.timeout_s = config.learner.collective_timeout_s
         self._rendezvous = Path(tempfile.mkdtemp(prefix="rftkit-learner-"))
         self.connections: list[Connection] = []
         self.processes = []
@@ -200,7 +201,10 @@ class ProcessLearner:
                     errors[rank] = value
         if not errors:
             return [answers[rank] for rank in range(self.world)]
-        failure = self._failure(call, errors, [rank_of[id(connection)] for connection in pending])
+        silent = [rank_of[id(connection)] for connection in pending]
+        failure = self._failure(call, errors, silent)
+        for rank in silent:  # hung: it would not exit when asked
+            self.processes[rank].kill()
         self.close()
         raise failure
 
@@ -219,8 +223,8 @@ class ProcessLearner:
                 return LearnerProcessDied(rank, self.world, what, call)
         if silent:
             what = (
-                f"(pid {self.processes[silent[0]].pid}) stopped answering: the other ranks' collectives "
-                "gave up waiting for it after learner.collective_timeout_s"
+                f"(pid {self.processes[silent[0]].pid}) stopped answering (the other ranks gave up waiting "
+                f"for it in a collective after learner.collective_timeout_s = {self.timeout_s:g} s)"
             )
             return LearnerProcessDied(silent[0], self.world, what, call)
         rank = min(errors)
