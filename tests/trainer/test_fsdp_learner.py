@@ -9,6 +9,7 @@ batches and seeds.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -22,16 +23,20 @@ from typing import Any
 import pytest
 import torch
 
+from agents.letters.main import app
+from agents.letters.run_files import serving, write_run_files
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
+from tests.process_tree import descendants
 from tests.vision_helpers import picture_episode
 from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence, build_sequences
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import RunState, load_checkpoint, save_checkpoint
 from trainer.learner.learner import Learner
 from trainer.learner.processes import LearnerProcessDied, ProcessLearner
+from trainer.loop import train
 
 # Adam turns a gradient's float rounding (sums in another order across ranks) into up to its whole
 # step where the gradient is near zero: a small learning rate keeps that under the 1e-6 asked for,
@@ -285,3 +290,30 @@ def test_two_sharded_processes_train_a_picture_batch_as_one_learner(
     difference = _difference(learner.adapter_state(), local.adapter_state())
     assert difference <= TOLERANCE, f"the adapters differ by {difference}"
     assert _difference(start, local.adapter_state()) > 100 * TOLERANCE
+
+
+def test_rft_train_with_sharded_learner_processes_checkpoints_and_resumes_on_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    sharded = {"processes": 2, "shard": "fsdp", "device": "cpu", "dtype": "float32"}
+    with serving(app) as agent_url:
+        path = write_run_files(
+            tmp_path, tiny_model_dir, agent_url, eval_file=None, max_steps=2, learner=sharded
+        )
+        config = load_config(path)
+        summary = train(config)
+        assert summary.steps == 2
+        checkpoint = config.output_dir / "checkpoints" / "step-000002"
+        assert len(list((checkpoint / "sharded").glob("*.distcp"))) == 2
+        # The learner processes end with the run.
+        assert not descendants(os.getpid())
+        # Resumed onto one sharded learner process, the run goes on from step 2's shards.
+        one = config.model_copy(
+            update={"max_steps": 3, "learner": config.learner.model_copy(update={"processes": 1})}
+        )
+        summary = train(one, resume=True)
+    assert summary.steps == 3
+    records = [json.loads(line) for line in (config.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == [1, 2, 3]
+    assert all(record["update"]["applied"] for record in records)
+    assert (config.output_dir / "adapters" / "v3" / "adapter_model.safetensors").is_file()
