@@ -2,11 +2,14 @@
 update unsharded in one learner process, and what each process holds.
 
 Both learners are :class:`trainer.learner.processes.ProcessLearner` (the same command channel, the
-same worker body): one process with ``learner.shard: off`` (torch given both cores) and two processes
-with ``learner.shard: fsdp`` (one core each, gloo). They stay alive side by side and run the same
-batch in turn (``--runs`` alternations); the figure is the ratio of the medians, the sharding's
-overhead on this machine (all-gathers of every decoder layer forward and backward, reduce-scatters of
-the LoRA gradients, the padding pass a rank dealt fewer micro-batches runs). Each process's peak
+same worker body): one process with ``learner.shard: off`` and two processes with ``learner.shard:
+fsdp`` (gloo), every process with one torch thread (``OMP_NUM_THREADS=1``: on cores other jobs
+share, OpenMP's spinning threads made a two-thread step many times slower). They stay alive side by
+side and run the same batch in turn (``--runs`` alternations). Two figures: the ratio of the wall
+medians (two processes have two cores against one, when the cores are free) and the ratio of the CPU
+seconds a step costs, all ranks together, to the unsharded step's: the sharding's overhead (all-gathers
+of every decoder layer forward and backward, reduce-scatters of the LoRA gradients), whatever the
+machine's load. Each process's peak
 resident memory (``VmHWM``) and its resident memory once loaded (``VmRSS`` before the first step)
 show the base split: a sharded rank holds half the weights.
 
@@ -77,6 +80,12 @@ def memory(pid: int) -> dict[str, float]:
     return fields
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
@@ -89,6 +98,7 @@ def main() -> None:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     sequences = batch(vocab, args.sequences, args.length)
     micro_tokens = 2 * args.length  # two sequences a micro-batch: four micro-batches, two per rank
+    os.environ["OMP_NUM_THREADS"] = "1"  # the learner processes' torch threads
     learners = {
         "unsharded_1_process": ProcessLearner(model, learner_config(1, "off", micro_tokens)),
         "fsdp_2_processes": ProcessLearner(model, learner_config(2, "fsdp", micro_tokens)),
@@ -96,17 +106,21 @@ def main() -> None:
     try:
         loaded = {name: [memory(pid)["VmRSS"] for pid in learner.pids] for name, learner in learners.items()}
         seconds: dict[str, list[float]] = {name: [] for name in learners}
+        cpu: dict[str, list[float]] = {name: [] for name in learners}
         for run in range(args.runs + 1):  # the first alternation warms up and is not counted
             for name, learner in learners.items():
+                used = sum(cpu_seconds(pid) for pid in learner.pids)
                 started = time.perf_counter()
                 learner.train_step(sequences, seed=run)
                 if run:
                     seconds[name].append(time.perf_counter() - started)
+                    cpu[name].append(sum(cpu_seconds(pid) for pid in learner.pids) - used)
         peak = {name: [memory(pid)["VmHWM"] for pid in learner.pids] for name, learner in learners.items()}
     finally:
         for learner in learners.values():
             learner.close()
     medians = {name: statistics.median(values) for name, values in seconds.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
     result: dict[str, Any] = {
         "model": str(model),
         "sequences": args.sequences,
@@ -115,7 +129,10 @@ def main() -> None:
         "runs": args.runs,
         "step_seconds": seconds,
         "step_median_s": medians,
-        "overhead_ratio": medians["fsdp_2_processes"] / medians["unsharded_1_process"],
+        "wall_ratio": medians["fsdp_2_processes"] / medians["unsharded_1_process"],
+        "step_cpu_seconds": cpu,
+        "step_cpu_median_s": cpu_medians,
+        "cpu_overhead_ratio": cpu_medians["fsdp_2_processes"] / cpu_medians["unsharded_1_process"],
         "load_average_1min": os.getloadavg()[0],  # other jobs on the same cores
         "rss_loaded_mb": loaded,
         "rss_peak_mb": peak,

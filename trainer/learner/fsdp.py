@@ -55,16 +55,21 @@ def decoder_layers(model: Any) -> list[nn.Module]:
     return list(layers)
 
 
-def shard_model(model: Any, score: Callable[..., Any]) -> Scorer:
-    """Shard ``model`` (a peft model on this rank's device) over the default process group in place;
-    the returned root module runs ``score`` with the root's weights gathered."""
+def shard_model(model: Any, score: Callable[..., Any], device: torch.device) -> Scorer:
+    """Shard ``model`` (a peft model, on the CPU or on ``device``) over the default process group in
+    place, each shard moved to ``device`` (this rank's) as its unit is sharded; the returned root
+    module runs ``score`` with the root's weights gathered."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # Named, not torch's default (the machine's accelerator): a CPU learner on a GPU machine.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     units = []
     for layer in decoder_layers(model):
-        units.append(fully_shard(layer))
+        units.append(fully_shard(layer, mesh=mesh))
     root = Scorer(model, score)
-    units.append(fully_shard(root))
+    units.append(fully_shard(root, mesh=mesh))
     for unit in units:
         unit.set_gradient_divide_factor(1.0)
         # A plain sum: gloo has no pre-multiplied sum (NCCL's PreMulSum), and a factor of 1 needs none.

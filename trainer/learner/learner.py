@@ -88,7 +88,7 @@ class Learner:
         torch.manual_seed(config.seed)
         self.dtype = dtype
         # How the base was loaded (dtype, attention, dequantised from), for the run's record.
-        built = build_model(model_dir, config, self.device, dtype)
+        built = build_model(model_dir, config, self._load_device(), dtype)
         self.model, self.reference_adapter, self.base_load = built
         self._distribute()
         base_config = self.model.get_base_model().config
@@ -213,6 +213,10 @@ class Learner:
             raise ValueError(f"{len(old_logprobs)} old logprob rows for {len(sequences)} sequences")
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             return self._train_step(sequences, old_logprobs, seed)
+
+    def _load_device(self) -> torch.device:
+        """Where the base model is loaded: this learner's device (a sharded rank's differs)."""
+        return self.device
 
     def _distribute(self) -> None:
         """Spread the model over a process group before the optimizer takes its parameters: nothing

@@ -48,10 +48,13 @@ def receive(connection: Connection) -> Any:
 
 def _threads(world: int) -> None:
     """On the CPU, the node's cores shared among the learner processes (torch would give each all
-    of them, and the processes would fight over the cores)."""
+    of them, and the processes would fight over the cores); ``OMP_NUM_THREADS``, when set, wins."""
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(
+        int(wanted) if wanted.isdigit() and int(wanted) > 0 else max(1, (os.cpu_count() or 1) // world)
+    )
 
 
 def _serve(connection: Connection) -> None:

@@ -59,11 +59,16 @@ class RankLearner(Learner):
         self.images = ImageStore.temporary()
         super().__init__(model_dir, config, placement=placement, image_store=self.images)
 
+    def _load_device(self) -> torch.device:
+        # Sharded, the base is loaded on the CPU and each FSDP unit moves its shard to this rank's
+        # GPU as it is sharded: the GPU never holds the whole base (it may not fit one GPU).
+        return torch.device("cpu") if self.sharded else self.device
+
     def _distribute(self) -> None:
         if self.sharded:
             from trainer.learner.fsdp import shard_model
 
-            self._root = shard_model(self.model, functools.partial(Learner.token_logprobs, self))
+            self._root = shard_model(self.model, functools.partial(Learner.token_logprobs, self), self.device)
 
     def token_logprobs(
         self, batch: Any, vision: dict[str, torch.Tensor] | None = None
