@@ -10,10 +10,11 @@ medians (two processes have two cores against one, when the cores are free) and 
 seconds a step costs, all ranks together, to the unsharded step's: the sharding's overhead (all-gathers
 of every decoder layer forward and backward, reduce-scatters of the LoRA gradients), whatever the
 machine's load. Each process's peak
-resident memory (``VmHWM``) and its resident memory once loaded (``VmRSS`` before the first step)
-show the base split: a sharded rank holds half the weights.
+resident memory (``VmHWM``) and its resident memory once loaded and after the first step (``VmRSS``)
+show what each holds: a sharded rank holds half the weights, plus what gathering costs.
 
     .venv/bin/python -m bench.fsdp_update [--model DIR --name NAME] [--sequences 8] [--length 64] [--runs 5]
+        [--fixed-mmap-threshold]
 
 Without ``--model`` it uses SmolLM2-135M from the cache (``policy_server.models.smollm2``). Results
 go to ``bench/results/fsdp_update[-NAME].json``.
@@ -93,12 +94,18 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--fixed-mmap-threshold", action="store_true", help="MALLOC_MMAP_THRESHOLD_=131072")
     args = parser.parse_args()
     model = args.model or cached_smollm2()
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     sequences = batch(vocab, args.sequences, args.length)
     micro_tokens = 2 * args.length  # two sequences a micro-batch: four micro-batches, two per rank
     os.environ["OMP_NUM_THREADS"] = "1"  # the learner processes' torch threads
+    if args.fixed_mmap_threshold:
+        # glibc's fixed mmap threshold: freed buffers (a gathered layer, gloo's) go back to the system
+        # at once, so resident memory counts live tensors rather than what glibc keeps for reuse
+        # after raising its dynamic threshold; every such buffer is then an mmap and munmap.
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     learners = {
         "unsharded_1_process": ProcessLearner(model, learner_config(1, "off", micro_tokens)),
         "fsdp_2_processes": ProcessLearner(model, learner_config(2, "fsdp", micro_tokens)),
@@ -107,11 +114,14 @@ def main() -> None:
         loaded = {name: [memory(pid)["VmRSS"] for pid in learner.pids] for name, learner in learners.items()}
         seconds: dict[str, list[float]] = {name: [] for name in learners}
         cpu: dict[str, list[float]] = {name: [] for name in learners}
+        warm: dict[str, list[float]] = {}
         for run in range(args.runs + 1):  # the first alternation warms up and is not counted
             for name, learner in learners.items():
                 used = sum(cpu_seconds(pid) for pid in learner.pids)
                 started = time.perf_counter()
                 learner.train_step(sequences, seed=run)
+                if not run:
+                    warm[name] = [memory(pid)["VmRSS"] for pid in learner.pids]
                 if run:
                     seconds[name].append(time.perf_counter() - started)
                     cpu[name].append(sum(cpu_seconds(pid) for pid in learner.pids) - used)
@@ -126,6 +136,7 @@ def main() -> None:
         "sequences": args.sequences,
         "length": args.length,
         "micro_batch_tokens": micro_tokens,
+        "fixed_mmap_threshold": args.fixed_mmap_threshold,
         "runs": args.runs,
         "step_seconds": seconds,
         "step_median_s": medians,
@@ -135,6 +146,7 @@ def main() -> None:
         "cpu_overhead_ratio": cpu_medians["fsdp_2_processes"] / cpu_medians["unsharded_1_process"],
         "load_average_1min": os.getloadavg()[0],  # other jobs on the same cores
         "rss_loaded_mb": loaded,
+        "rss_after_first_step_mb": warm,
         "rss_peak_mb": peak,
     }
     RESULTS.mkdir(exist_ok=True)
