@@ -27,6 +27,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def main() -> None:
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
     result: dict[str, Any] = {
+        "command": "PYTHONPATH=. .venv/bin/python -m bench.fsdp_update " + " ".join(sys.argv[1:]),
         "model": str(model),
         "sequences": args.sequences,
         "length": args.length,
