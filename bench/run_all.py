@@ -19,6 +19,7 @@ BENCHMARKS = [
     "fanout_capacity",
     "adapter_transfer",
     "ray_overhead",
+    "fsdp_update",
 ]
 
 

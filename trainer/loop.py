@@ -42,6 +42,7 @@ from trainer.run import (
     Run,
     RunSummary,
     add_log_file,
+    close_learner,
     evaluate_run,
     finish,
     logged_stop,
@@ -109,6 +110,7 @@ def _train(
         try:
             run.session.close()
         finally:
+            close_learner(run.learner)
             run.metrics.close(failed=failed)
 
 

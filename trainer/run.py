@@ -19,6 +19,7 @@ from trainer.config import TrainConfig
 from trainer.engine import engine_parsers, model_dir
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import LoadedCheckpoint, RunState, latest_checkpoint, load_checkpoint
+from trainer.learner.group import uses_process_group
 from trainer.learner.learner import Learner
 from trainer.ops.metrics import MetricsLogger, TokenCost, cost_summary, write_eval_table
 from trainer.ops.prometheus import StepExporter
@@ -32,6 +33,8 @@ from trainer.session import Session, build_engine
 
 if TYPE_CHECKING:
     from trainer.learner.distributed import RayLearner
+    from trainer.learner.processes import ProcessLearner
+    from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ class Run:
     config: TrainConfig
     train_rows: list[Any]
     eval_rows: list[Any]
-    learner: Learner | RayLearner
+    learner: Learner | RayLearner | ProcessLearner
     state: RunState
     resumed_from: Path | None
     metrics: MetricsLogger
@@ -124,14 +127,12 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
     config, placement = preflight(config, base_model)
     # Images of the calls being trained on, once each, until the update is done with their traces.
     images = ImageStore(run_dir / "images")
-    learner: Learner | RayLearner
-    if config.ray is None:
-        learner = Learner(base_model, config, placement=placement, image_store=images)
-    else:
-        from trainer.learner.distributed import RayLearner
-
-        learner = RayLearner(base_model, config, placement=placement, image_store=images)
-    state, resumed_from, loaded = _restore(learner, checkpoint_dir, resume)
+    learner = _learner(config, base_model, placement, images)
+    try:
+        state, resumed_from, loaded = _restore(learner, checkpoint_dir, resume)
+    except BaseException:
+        close_learner(learner)
+        raise
     metrics = _metrics_logger(config, state, resumed_from)
     if isinstance(learner, Learner) and not resumed_from:
         # What the learner's base was loaded as (the config says "auto"; this is what it resolved to).
@@ -152,6 +153,31 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
     return run
 
 
+def _learner(
+    config: TrainConfig, base_model: Path, placement: Placement, images: ImageStore
+) -> Learner | RayLearner | ProcessLearner:
+    """One learner in this process, learner processes of this node (``learner.processes``,
+    ``learner.shard``), or learner workers on Ray (a ``ray`` section)."""
+    if config.ray is not None:
+        from trainer.learner.distributed import RayLearner
+
+        return RayLearner(base_model, config, placement=placement, image_store=images)
+    if uses_process_group(config):
+        from trainer.learner.processes import ProcessLearner
+
+        return ProcessLearner(base_model, config, placement=placement, image_store=images)
+    return Learner(base_model, config, placement=placement, image_store=images)
+
+
+def close_learner(learner: Learner | RayLearner | ProcessLearner) -> None:
+    """Stop the learner processes this run started (a learner in this process, or Ray's workers,
+    which end with the cluster, need nothing)."""
+    from trainer.learner.processes import ProcessLearner
+
+    if isinstance(learner, ProcessLearner):
+        learner.close()
+
+
 def _rows(config: TrainConfig) -> tuple[list[Any], list[Any]]:
     """The training rows and the evaluation rows."""
     train_rows = prompts(read_rows(config.train_file), config.prompt_column, config.train_file)
@@ -167,7 +193,7 @@ def read_eval_rows(config: TrainConfig) -> list[Any]:
 
 
 def _restore(
-    learner: Learner | RayLearner, checkpoint_dir: Path, resume: bool
+    learner: Learner | RayLearner | ProcessLearner, checkpoint_dir: Path, resume: bool
 ) -> tuple[RunState, Path | None, LoadedCheckpoint | None]:
     """Where the run stands: a fresh state, or (resuming) the newest checkpoint's, loaded into the learner."""
     state = RunState()
@@ -275,7 +301,7 @@ def record_evaluation(run: Run, step: int, result: EvalResult) -> None:
 
 
 def save_version(
-    learner: Learner | RayLearner, run_dir: Path, version: int, keep: int = ADAPTERS_KEPT
+    learner: Learner | RayLearner | ProcessLearner, run_dir: Path, version: int, keep: int = ADAPTERS_KEPT
 ) -> Path:
     """A fresh directory per adapter version; older ones beyond ``keep`` are removed."""
     adapters = run_dir / "adapters"

@@ -53,3 +53,12 @@ class LearnerConfig(_Section):
         "model: plain data parallel), 'auto' when the learner has several processes and the model does "
         "not fit one device beside its update, as `rft plan` counts it.",
     )
+    collective_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a learner process waits in one collective (an all-gather, a "
+        "reduce-scatter, an all-reduce) for the other learner processes before the step fails with a "
+        "sentence naming the rank that died or did not answer, instead of waiting forever. It bounds "
+        "the gap between two ranks reaching the same collective, so it must exceed the slowest "
+        "micro-batch's forward and backward.",
+    )

@@ -1,5 +1,6 @@
 """The learner: the trained model and its optimizer (``learner``), vision-language inputs (``vision``),
-data-parallel workers on Ray (``distributed``) and checkpoints (``checkpoint``).
+data-parallel workers on Ray (``distributed``), learner processes of one node, sharded or not
+(``processes``, ``rank``, ``fsdp``) and checkpoints (``checkpoint``).
 
 ``from trainer.learner import Learner`` loads torch, transformers and peft only when used.
 """
@@ -12,6 +13,7 @@ _LAZY = {
     "Learner": "trainer.learner.learner",
     "StepResult": "trainer.learner.steps",
     "RayLearner": "trainer.learner.distributed",
+    "ProcessLearner": "trainer.learner.processes",
 }
 
 __all__ = sorted(_LAZY)

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -26,6 +26,7 @@ _STATE_FILE = "state.json"
 _TRAINING_FILE = "training_state.pt"
 _RNG_FILE = "rng.pt"
 _ADAPTER_DIR = "adapter"
+_SHARDED_DIR = "sharded"  # a sharded learner's LoRA weights and optimizer state, one file per rank
 _ROLLOUTS_FILE = "rollouts.json"  # steps submitted but not trained on yet (asynchronous training)
 _PINNED_DIR = "pinned-adapters"  # the adapters those steps' rollouts sample on
 
@@ -38,6 +39,22 @@ class CheckpointableLearner(Protocol):
     def training_state(self) -> dict[str, Any]: ...
 
     def restore(self, adapter_dir: Path, training_state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ShardedLearnerState(Protocol):
+    """A learner whose optimizer state is sharded over its processes (``sharded``): each rank writes
+    and reads its part (:class:`trainer.learner.processes.ProcessLearner`)."""
+
+    sharded: bool
+
+    def save_sharded_state(self, directory: Path) -> None: ...
+
+    def restore_sharded(self, directory: Path, training_state: dict[str, Any]) -> None: ...
+
+
+def _sharded(learner: CheckpointableLearner) -> ShardedLearnerState | None:
+    return learner if isinstance(learner, ShardedLearnerState) and learner.sharded else None
 
 
 @dataclass
@@ -149,6 +166,9 @@ def save_checkpoint(
     try:
         learner.save_adapter(tmp / _ADAPTER_DIR)
         torch.save(learner.training_state(), tmp / _TRAINING_FILE)
+        sharded = _sharded(learner)
+        if sharded is not None:
+            sharded.save_sharded_state(tmp / _SHARDED_DIR)
         torch.save(_rng_state(), tmp / _RNG_FILE)
         (tmp / _STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
         if in_flight:
@@ -227,6 +247,28 @@ def _no_space_message(final: Path, reason: str) -> str:
     )
 
 
+def _restore_learner(path: Path, learner: CheckpointableLearner, training_state: dict[str, Any]) -> None:
+    """The adapter and optimizer state into ``learner``: whole, or shard by shard when a sharded
+    learner wrote them (onto any number of learner processes)."""
+    sharded = _sharded(learner)
+    if not (path / _SHARDED_DIR).is_dir():
+        if sharded is not None:
+            raise TrainingError(
+                f"{path} was written by an unsharded learner (learner.shard: off, or one learner in the "
+                "trainer's process): resume it with the same learner settings, or start a new run to "
+                "shard the learner"
+            )
+        learner.restore(path / _ADAPTER_DIR, training_state)
+        return
+    if sharded is None:
+        raise TrainingError(
+            f"{path} was written by a learner sharded over {training_state.get('sharded_processes')} "
+            "learner process(es) (learner.shard: fsdp): resume it with learner.shard: fsdp, with any "
+            "number of learner.processes"
+        )
+    sharded.restore_sharded(path / _SHARDED_DIR, training_state)
+
+
 def load_checkpoint(path: Path, learner: CheckpointableLearner) -> LoadedCheckpoint:
     """Restore the learner (adapter, optimizer, schedule) and the RNG states; return the run state."""
     path = Path(path)
@@ -237,7 +279,7 @@ def load_checkpoint(path: Path, learner: CheckpointableLearner) -> LoadedCheckpo
     # the resuming process may lack: load onto the CPU; the learner's restore moves the optimizer
     # state onto its parameters' device (torch's Optimizer.load_state_dict), whichever GPU that is.
     training_state = torch.load(path / _TRAINING_FILE, map_location="cpu", weights_only=False)
-    learner.restore(path / _ADAPTER_DIR, training_state)
+    _restore_learner(path, learner, training_state)
     _restore_rng(torch.load(path / _RNG_FILE, map_location="cpu", weights_only=False))
     in_flight = []
     if (path / _ROLLOUTS_FILE).is_file():

@@ -2,13 +2,12 @@
 
 With a ``ray`` section in the config, the learner is :class:`RayLearner`: ``ray.learner_workers``
 Ray actors, each holding the model and its LoRA adapter on one device, joined in one
-``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). A step's
-micro-batches are dealt out round-robin; each worker scales its micro-batches' losses by the *whole*
-batch's episode and token counts (as the one-process learner does for gradient accumulation, see
-:func:`trainer.algo.grpo.grpo_loss`), so the all-reduced **sum** of the workers' LoRA gradients is the
-one-process gradient of the whole batch. Every worker then clips and steps identically, so their
-adapters stay equal; rank 0 hands out the adapter and the optimizer state. Each micro-batch draws its
-dropout from its own seed, so which worker computes it changes nothing.
+``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). Each worker is a
+:class:`~trainer.learner.rank.RankLearner` (the micro-batches dealt round-robin, the losses scaled by
+the whole batch's counts, the LoRA gradients all-reduced), so every worker clips and steps
+identically and their adapters stay equal; rank 0 hands out the adapter and the optimizer state.
+:class:`LearnerWorker` is also the body of a learner process on one node without Ray
+(:mod:`trainer.learner.processes`), where the model may be sharded.
 
 Files never have to be shared between nodes: adapters and optimizer state travel as bytes and tensors
 through Ray, and a batch's images with the batch, so the workers may run on any node of the cluster.
@@ -38,8 +37,9 @@ from policy_server import ImageStore
 from trainer.algo.sequences import TrainingSequence
 from trainer.errors import TrainingError
 from trainer.learner.batch_images import ShippedBatch, received, scorable, ship
-from trainer.learner.learner import Learner
-from trainer.learner.steps import GradientSums, StepResult
+from trainer.learner.group import join_group, shards_learner
+from trainer.learner.rank import RankLearner
+from trainer.learner.steps import StepResult
 from trainer.learner.worker_devices import wait_for_workers, worker_devices
 
 if TYPE_CHECKING:
@@ -62,49 +62,6 @@ class LearnerWorkerDied(RuntimeError):
         super().__init__(f"learner worker {rank} of {workers} (Ray actor {actor}) died: {cause}")
         self.rank = rank
         self.actor = actor
-
-
-class _ShardedLearner(Learner):
-    """One rank of the data-parallel group: its share of the micro-batches, gradients all-reduced."""
-
-    def __init__(
-        self, model_dir: str | Path, config: TrainConfig, placement: Placement, rank: int, world: int
-    ) -> None:
-        self.rank, self.world = rank, world
-        # The images of the call in progress, on this worker's node (the driver's may be out of reach).
-        self.images = ImageStore.temporary()
-        super().__init__(model_dir, config, placement=placement, image_store=self.images)
-
-    def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
-        mine = range(self.rank, len(micro_batches), self.world)
-        return [(index, micro_batches[index]) for index in mine]
-
-    def _combine(self, sums: GradientSums) -> GradientSums:
-        import torch.distributed as dist
-
-        gathered: list[GradientSums | None] = [None] * self.world
-        dist.all_gather_object(gathered, sums)
-        total = GradientSums()
-        for part in gathered:
-            assert part is not None  # all_gather_object fills every slot
-            total.merge(part)
-        if total.finite:  # every rank decides alike: all reduce, or none does
-            _all_reduce_sum(self.trainable)
-        return total
-
-
-def _all_reduce_sum(parameters: Sequence[torch.Tensor]) -> None:
-    """Sum every rank's gradients of ``parameters`` in one flat all-reduce (a rank without
-    micro-batches adds zeros)."""
-    import torch.distributed as dist
-
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-    flat = torch.cat([grad.reshape(-1) for grad in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for parameter in parameters:
-        parameter.grad = flat[offset : offset + parameter.numel()].view_as(parameter)
-        offset += parameter.numel()
 
 
 def worker_device(learner_device: str) -> str:
@@ -150,13 +107,23 @@ def _write_files(files: dict[str, bytes], directory: Path) -> Path:
 
 
 class LearnerWorker:
-    """A Ray actor (see :class:`RayLearner`): one rank's learner on this actor's device."""
+    """One rank's learner on its device: a Ray actor (see :class:`RayLearner`), or the body of a
+    learner process on this node (:mod:`trainer.learner.process_worker`). ``sharded``: the model is
+    sharded with FSDP2 (:mod:`trainer.learner.rank`)."""
 
     def __init__(
-        self, model_dir: str, config: TrainConfig, placement: Placement, rank: int, world: int
+        self,
+        model_dir: str,
+        config: TrainConfig,
+        placement: Placement,
+        rank: int,
+        world: int,
+        *,
+        sharded: bool = False,
     ) -> None:
-        self.rank, self.world = rank, world
-        self.learner = _ShardedLearner(model_dir, config, placement, rank, world)
+        self.rank, self.world, self.sharded = rank, world, sharded
+        self._build = (model_dir, config, placement)
+        self.learner: RankLearner  # built by join: a sharded model is split over the group as it loads
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port for the group's TCP store (asked of rank 0)."""
@@ -167,19 +134,18 @@ class LearnerWorker:
             probe.bind((host, 0))
             return host, int(probe.getsockname()[1])
 
-    def join(self, host: str, port: int) -> None:
-        """Join the process group, then take rank 0's adapter so every rank starts from the same one."""
+    def join(self, init_method: str) -> None:
+        """Join the process group, build this rank's learner, and (each rank holding the whole
+        model) take rank 0's adapter so every rank starts from the same one."""
         import torch.distributed as dist
 
-        device = self.learner.device
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world
-        )
-        for parameter in self.learner.trainable:
-            dist.broadcast(parameter.data, src=0)
+        model_dir, config, placement = self._build
+        device = torch.device(placement.learner_device)
+        join_group(device, init_method, self.rank, self.world, config.learner.collective_timeout_s)
+        self.learner = RankLearner(model_dir, config, placement, self.rank, self.world, sharded=self.sharded)
+        if not self.sharded:  # sharded, every rank holds its slice of the same seeded start
+            for parameter in self.learner.trainable:
+                dist.broadcast(parameter.data, src=0)
 
     def image_token_id(self) -> int | None:  # None for a text model
         return None if self.learner.vision is None else self.learner.vision.image_token_id
@@ -208,6 +174,18 @@ class LearnerWorker:
         with tempfile.TemporaryDirectory() as directory:
             self.learner.restore(_write_files(files, Path(directory)), training_state)
 
+    def save_adapter(self, directory: str) -> None:
+        """Write the adapter to ``directory`` (rank 0 alone where the model is sharded; every rank
+        takes part in gathering it)."""
+        if self.sharded or self.rank == 0:
+            self.learner.save_adapter(directory)
+
+    def save_sharded_state(self, directory: str) -> None:
+        self.learner.save_sharded_state(Path(directory))
+
+    def restore_sharded(self, directory: str, training_state: dict[str, Any]) -> None:
+        self.learner.restore_sharded(Path(directory), training_state)
+
 
 class RayLearner:
     """The learner of :mod:`trainer.learner.learner` as ``ray.learner_workers`` data-parallel Ray actors.
@@ -233,6 +211,13 @@ class RayLearner:
         settings = config.ray
         if settings is None:
             raise ValueError("RayLearner needs the config's ray section")
+        if shards_learner(config):
+            raise TrainingError(
+                "learner.shard: fsdp with a ray section is not built yet (a sharded checkpoint needs a "
+                "filesystem every learner worker's node shares): set learner.shard: off for data-parallel "
+                "Ray learner workers, or drop the ray section to shard the learner over this node's "
+                "learner processes (learner.processes)"
+            )
         placement = placement or place(config, node_for(config, detect_gpus()))
         # The workers' device comes from the cluster's nodes: the driver may sit on a GPU-less head.
         chosen = worker_devices(config, alive_node_resources())
@@ -257,7 +242,7 @@ class RayLearner:
         ]
         wait_for_workers(self.workers, config, chosen, alive_node_resources)
         host, port = self._call([self.workers[0].rendezvous.remote()])[0]
-        self._call([worker.join.remote(host, port) for worker in self.workers])
+        self._call([worker.join.remote(f"tcp://{host}:{port}") for worker in self.workers])
         self.image_token_id: int | None = self._call([self.workers[0].image_token_id.remote()])[0]
         log.info("%d learner workers joined (%s backend)", world, "nccl" if cuda else "gloo")
 

@@ -31,15 +31,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from policy_server.models import VisionInputs, is_vision_model
-from trainer.algo.fidelity import fidelity_metrics
-from trainer.algo.grpo import grpo_loss
 from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
 from trainer.algo.sequences import (
     SequenceBatch,
     TrainingSequence,
     micro_batches_by_token_budget,
     pad_batch,
-    right_pad,
 )
 from trainer.learner.batch_images import scorable
 from trainer.learner.model import TRAINED_ADAPTER, build_model, rng_devices
@@ -48,6 +45,7 @@ from trainer.learner.steps import (
     StepResult,
     StepTotals,
     device_and_dtype,
+    micro_batch_loss,
     micro_batch_seed,
     to_device,
 )
@@ -90,8 +88,9 @@ class Learner:
         torch.manual_seed(config.seed)
         self.dtype = dtype
         # How the base was loaded (dtype, attention, dequantised from), for the run's record.
-        built = build_model(model_dir, config, self.device, dtype)
+        built = build_model(model_dir, config, self._load_device(), dtype)
         self.model, self.reference_adapter, self.base_load = built
+        self._distribute()
         base_config = self.model.get_base_model().config
         self.vision = VisionInputs(model_dir, base_config) if is_vision_model(base_config) else None
         self.model.train()
@@ -181,9 +180,11 @@ class Learner:
         self.model.eval()
         try:
             old: dict[int, torch.Tensor] = {}
-            for _, micro in self._shard(micro_batches):
+            for index, micro in self._shard(micro_batches):
                 batch, vision = self.batch_inputs(micro)
                 logprobs = self.token_logprobs(batch, vision)[0]
+                if index < 0:  # a sharded rank's pass that only keeps its collectives in step
+                    continue
                 for row, sequence in enumerate(micro):
                     old[position[id(sequence)]] = logprobs[row, : len(sequence)].clone()
         finally:
@@ -213,6 +214,14 @@ class Learner:
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             return self._train_step(sequences, old_logprobs, seed)
 
+    def _load_device(self) -> torch.device:
+        """Where the base model is loaded: this learner's device (a sharded rank's differs)."""
+        return self.device
+
+    def _distribute(self) -> None:
+        """Spread the model over a process group before the optimizer takes its parameters: nothing
+        here; a sharded learner's rank shards it (:mod:`trainer.learner.rank`)."""
+
     def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
         """The micro-batches this process computes, with their index in the step: all of them here;
         a data-parallel worker (:mod:`trainer.learner.distributed`) takes its share."""
@@ -232,61 +241,44 @@ class Learner:
     ) -> GradientSums:
         """Forward and backward of this process's micro-batches, each loss scaled to its share of the
         whole batch (so the gradients add up to the batch's)."""
-        config = self.config
-        correction = None
-        if config.vllm_importance_sampling_correction:
-            correction = config.vllm_importance_sampling_mode
         sums = GradientSums()
         for index, micro in self._shard(micro_batches):
-            if seed is not None:
-                torch.manual_seed(micro_batch_seed(seed, index))
-            batch, vision = self.batch_inputs(micro)
-            ref_logprobs = self._reference_logprobs(batch, vision) if config.beta > 0.0 else None
-            logprobs, entropy = self.token_logprobs(batch, vision)
-            loss, metrics = grpo_loss(
-                logprobs,
-                batch.behavior_logprobs,
-                batch.advantages,
-                batch.loss_mask,
-                loss_type=config.loss_type,
-                epsilon=config.epsilon,
-                epsilon_high=config.epsilon_high,
-                max_completion_length=config.max_completion_length,
-                ref_logprobs=ref_logprobs,
-                beta=config.beta,
-                use_bias_correction_kl=config.use_bias_correction_kl,
-                importance_sampling_mode=correction,
-                importance_sampling_cap=config.vllm_importance_sampling_cap,
-                old_logprobs=None
-                if old_by_sequence is None
-                else right_pad(
-                    [old_by_sequence[id(sequence)] for sequence in micro],
-                    0,
-                    logprobs.dtype,
-                    width=logprobs.shape[1],
-                    device=logprobs.device,
-                ),
-                entropy=entropy,
-                episode_tokens=torch.tensor(
-                    [totals.episode_tokens[sequence.rollout_id] for sequence in micro], device=self.device
-                ),
-                total_episodes=len(totals.episode_tokens),
-                total_tokens=totals.tokens,
-            )
+            loss, metrics, tokens = self._micro_loss(micro, index, old_by_sequence, totals, seed)
             if not torch.isfinite(loss):
                 sums.finite = False
                 break
             loss.backward()
-            metrics.update(self._fidelity(logprobs, batch))
-            sums.add(float(loss.detach()), metrics, float(batch.loss_mask.sum()))
+            sums.add(float(loss.detach()), metrics, tokens)
         return sums
 
-    def _fidelity(self, logprobs: torch.Tensor, batch: SequenceBatch) -> dict[str, float]:
-        """The micro-batch's sampler/learner agreement (:func:`trainer.algo.fidelity.fidelity_metrics`)."""
-        high = self.config.epsilon if self.config.epsilon_high is None else self.config.epsilon_high
-        return fidelity_metrics(
-            logprobs, batch.behavior_logprobs, batch.loss_mask, epsilon=self.config.epsilon, epsilon_high=high
+    def _micro_loss(
+        self,
+        micro: list[TrainingSequence],
+        index: int,
+        old_by_sequence: dict[int, torch.Tensor] | None,
+        totals: StepTotals,
+        seed: int | None,
+    ) -> tuple[torch.Tensor, dict[str, float], float]:
+        """One micro-batch's loss (scaled to its share of the batch), its metrics and its tokens."""
+        if seed is not None:
+            torch.manual_seed(micro_batch_seed(seed, index))
+        batch, vision = self.batch_inputs(micro)
+        ref_logprobs = self._reference_logprobs(batch, vision) if self.config.beta > 0.0 else None
+        logprobs, entropy = self.token_logprobs(batch, vision)
+        old = None
+        if old_by_sequence is not None:
+            old = [old_by_sequence[id(sequence)] for sequence in micro]
+        loss, metrics = micro_batch_loss(
+            self.config,
+            micro,
+            batch,
+            logprobs,
+            entropy,
+            ref_logprobs=ref_logprobs,
+            old_logprobs=old,
+            totals=totals,
         )
+        return loss, metrics, float(batch.loss_mask.sum())
 
     def _train_step(
         self,

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.algo.sequences import SequenceBatch, TrainingSequence
+from trainer.algo.fidelity import fidelity_metrics
+from trainer.algo.grpo import grpo_loss
+from trainer.algo.sequences import SequenceBatch, TrainingSequence, right_pad
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -82,6 +84,58 @@ class StepTotals:
                 episode_tokens.get(sequence.rollout_id, 0) + sequence.num_completion_tokens
             )
         return cls(sum(sequence.num_completion_tokens for sequence in sequences), episode_tokens)
+
+
+def micro_batch_loss(
+    config: TrainConfig,
+    micro: Sequence[TrainingSequence],
+    batch: SequenceBatch,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | None,
+    old_logprobs: Sequence[torch.Tensor] | None,
+    totals: StepTotals,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of ``micro`` (padded into ``batch``), scaled by the whole batch's counts
+    (``totals``) so that the micro-batches' losses, wherever each is computed, add up to the batch's;
+    and its metrics with the sampler/learner agreement (:func:`trainer.algo.fidelity.fidelity_metrics`)."""
+    correction = config.vllm_importance_sampling_mode if config.vllm_importance_sampling_correction else None
+    old = None
+    if old_logprobs is not None:
+        old = right_pad(
+            list(old_logprobs), 0, logprobs.dtype, width=logprobs.shape[1], device=logprobs.device
+        )
+    loss, metrics = grpo_loss(
+        logprobs,
+        batch.behavior_logprobs,
+        batch.advantages,
+        batch.loss_mask,
+        loss_type=config.loss_type,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        max_completion_length=config.max_completion_length,
+        ref_logprobs=ref_logprobs,
+        beta=config.beta,
+        use_bias_correction_kl=config.use_bias_correction_kl,
+        importance_sampling_mode=correction,
+        importance_sampling_cap=config.vllm_importance_sampling_cap,
+        old_logprobs=old,
+        entropy=entropy,
+        episode_tokens=torch.tensor(
+            [totals.episode_tokens[sequence.rollout_id] for sequence in micro],
+            device=logprobs.device,
+        ),
+        total_episodes=len(totals.episode_tokens),
+        total_tokens=totals.tokens,
+    )
+    high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+    metrics.update(
+        fidelity_metrics(
+            logprobs, batch.behavior_logprobs, batch.loss_mask, epsilon=config.epsilon, epsilon_high=high
+        )
+    )
+    return loss, metrics
 
 
 def micro_batch_seed(seed: int, index: int) -> int:
