@@ -73,4 +73,7 @@ def call_record(
         tools=generation.tools,
         images=images or [],
         unparsed_tool_call=looks_like_unparsed_tool_call(result),
+        answer=None
+        if result.completion_token_ids
+        else {"content": result.content, "tool_calls": result.tool_calls},
     )

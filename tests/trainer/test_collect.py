@@ -12,6 +12,8 @@ import pytest
 from agents.letters.main import app as letters_app
 from agents.letters.run_files import serving, write_run_files
 from agents.maze.main import app as maze_app
+from handlers import serve_in_thread
+from tests.scripted_model import ScriptedModel, text
 from trainer.distill.collect_cli import main as collect_main
 from trainer.sft.cli import main as sft_main
 
@@ -75,11 +77,48 @@ def test_the_maze_agent_gives_one_demonstration_per_call(
     )
 
 
-def test_an_endpoint_teacher_is_refused_with_what_to_do(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_an_endpoint_teacher_is_forwarded_with_its_key_and_its_replies_become_demonstrations(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    teacher = ScriptedModel(default_turn=text("abc def"))  # any OpenAI-compatible server: text, no ids
+    out = tmp_path / "demos.jsonl"
+    with serve_in_thread(teacher.app()) as teacher_url, serving(letters_app) as agent_url:
+        config = write_run_files(tmp_path / "run", tiny_model_dir, agent_url)
+        argv = [
+            str(config),
+            "--teacher",
+            f"{teacher_url}/v1",
+            "--teacher-model",
+            "big",
+            "--teacher-key",
+            "k-1",
+        ]
+        code = collect_main([*argv, "--out", str(out), "--min-reward", "0.5", "--episodes", "2"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # The agent called the gateway (the run's key, its rollout headers); the gateway forwarded each
+    # call with the endpoint's own key and model name.
+    assert len(teacher.calls) == 4
+    assert {call.headers["authorization"] for call in teacher.calls} == {"Bearer k-1"}
+    assert {call.body["model"] for call in teacher.calls} == {"big"}
+    follow_ups = [call for call in teacher.calls if call.body["messages"][-1]["content"] == "say more"]
+    assert len(follow_ups) == 2 and all(len(call.body["messages"]) == 3 for call in follow_ups)
+    # "abc def": 6 of 7 characters are a-m, a reward of 6/7 for both episodes (rows 1 and 2).
+    assert "kept 2 (reward >= 0.5)" in printed and "prefill 4, sample 4" in printed
+    contents = sorted([m.get("content") for m in line["messages"]] for line in _lines(out))
+    assert contents == [
+        [question, "abc def", "say more", "abc def"] for question in ("count to five", "name a fruit")
+    ]
+    adapter = tmp_path / "warm-start"
+    assert (
+        sft_main(["--model", str(tiny_model_dir), "--data", str(out), "--out", str(adapter), "--steps", "1"])
+        == 0
+    )
+
+
+def test_an_endpoint_teacher_needs_its_model_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = collect_main(
         [str(tmp_path / "x.yaml"), "--teacher", "http://127.0.0.1:1/v1", "--out", str(tmp_path / "d")]
     )
     assert code == 2
-    assert "name a local model directory" in capsys.readouterr().err
+    assert "name the model it serves with --teacher-model" in capsys.readouterr().err

@@ -68,6 +68,20 @@ def teacher_session(config: TrainConfig, teacher: Path, adapter: Path | None) ->
     return session
 
 
+def endpoint_session(config: TrainConfig, url: str, model: str, key: str | None) -> Session:
+    """A started gateway that forwards every call to the OpenAI-compatible endpoint ``url`` as ``model``
+    with ``key`` (:class:`policy_server.engines.ForwardEngine`); the agents still get the run's key."""
+    from policy_server.engines import ForwardEngine
+
+    try:
+        engine = ForwardEngine(url, model=model, api_key=key)
+    except ValueError as error:
+        raise TrainingError(f"--teacher {url}: {error}") from None
+    session = Session(config, engine)
+    session.start()
+    return session
+
+
 def play_rows(session: Session, config: TrainConfig, episodes: int | None) -> list[PlayedRollout]:
     """``episodes`` episodes (default: one per row), the rows in order and again from the first, each
     sampled at the config's temperature with a seed of its own."""
@@ -93,7 +107,8 @@ def play_rows(session: Session, config: TrainConfig, episodes: int | None) -> li
 def demonstrations_of(
     played: list[PlayedRollout], min_reward: float, decode: Any
 ) -> tuple[list[dict[str, Any]], CollectSummary]:
-    """The kept episodes' demonstrations (repeats once) and the summary of what was played."""
+    """The kept episodes' demonstrations (repeats once) and the summary of what was played. A call
+    forwarded to an endpoint carries its reply (``answer``); a served one is decoded from its ids."""
     summary = CollectSummary(played=len(played))
     failures = FailureCounts()
     failures.add(rollout.outcome for rollout in played)
@@ -112,7 +127,8 @@ def demonstrations_of(
             continue
         summary.kept += 1
         views = [
-            {**call_view(call, decode), "messages": call.messages, "tools": call.tools} for call in calls
+            {**(call.answer or call_view(call, decode)), "messages": call.messages, "tools": call.tools}
+            for call in calls
         ]
         for line in episode_demonstrations(views):
             key = json.dumps(line, sort_keys=True)

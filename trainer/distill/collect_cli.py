@@ -26,8 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--teacher",
         required=True,
-        help="the teacher: a local model directory (transformers format)",
+        help="the teacher: a local model directory (transformers format), or the base URL of an "
+        "OpenAI-compatible endpoint (https://host/v1) with --teacher-model and --teacher-key",
     )
+    parser.add_argument("--teacher-model", help="with an endpoint: the model name it serves")
+    parser.add_argument("--teacher-key", help="with an endpoint: its API key (sent as a bearer token)")
     parser.add_argument("--teacher-adapter", type=Path, help="a peft LoRA adapter served on the teacher")
     parser.add_argument("--out", required=True, type=Path, help="the demonstrations' JSONL file")
     parser.add_argument("--min-reward", type=float, default=1.0, help="keep episodes at or above (default 1)")
@@ -45,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.teacher.startswith(("http://", "https://")):
+    endpoint = args.teacher.startswith(("http://", "https://"))
+    if endpoint and (args.teacher_model is None or args.teacher_adapter is not None):
         print(
-            f"rft collect: --teacher {args.teacher}: an endpoint URL is not served yet; name a local model "
-            "directory (and --teacher-adapter), or export the endpoint's model to a directory",
+            f"rft collect: --teacher {args.teacher} is an endpoint: name the model it serves with "
+            "--teacher-model (its /v1/models lists them); an endpoint takes no --teacher-adapter",
             file=sys.stderr,
         )
         return 2
@@ -66,15 +70,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _collect(config: TrainConfig, args: argparse.Namespace) -> int:
+    from policy_server.engines import ForwardEngine
     from policy_server.models import LocalModelError, load_tokenizer, local_model_dir
-    from trainer.distill.collect import demonstrations_of, play_rows, teacher_session
+    from trainer.distill.collect import demonstrations_of, endpoint_session, play_rows, teacher_session
     from trainer.errors import TrainingError
     from trainer.scale.placement import PlacementError
     from trainer.scale.plan import PlanError
 
     try:
-        teacher = local_model_dir(args.teacher)
-        session = teacher_session(config, teacher, args.teacher_adapter)
+        if args.teacher.startswith(("http://", "https://")):
+            teacher = None
+            session = endpoint_session(config, args.teacher, args.teacher_model, args.teacher_key)
+        else:
+            teacher = local_model_dir(args.teacher)
+            session = teacher_session(config, teacher, args.teacher_adapter)
     except (LocalModelError, TrainingError, PlanError, PlacementError) as error:
         print(f"rft collect: {error}", file=sys.stderr)
         return 2
@@ -85,10 +94,15 @@ def _collect(config: TrainConfig, args: argparse.Namespace) -> int:
         return 1
     finally:
         session.close()
-    decode = load_tokenizer(teacher, config.chat_template).decode
-    lines, summary = demonstrations_of(
-        played, args.min_reward, lambda ids, special: decode(ids, skip_special_tokens=not special)
-    )
+    tokenizer = load_tokenizer(teacher, config.chat_template) if teacher is not None else None
+
+    def decode(ids: list[int], special: bool) -> str:
+        return "" if tokenizer is None else str(tokenizer.decode(ids, skip_special_tokens=not special))
+
+    lines, summary = demonstrations_of(played, args.min_reward, decode)
+    engine = session.server.engine
+    if isinstance(engine, ForwardEngine):  # the endpoint's own count: a forwarded call records no ids
+        summary.prompt_tokens, summary.completion_tokens = engine.prompt_tokens, engine.completion_tokens
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(summary.describe(args.out, args.min_reward))
