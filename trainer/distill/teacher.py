@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from policy_server.models import load_tokenizer
+from policy_server.models import is_vision_model, load_tokenizer
 from trainer.algo.logprobs import chunked_token_logprobs, logit_transform
 from trainer.algo.sequences import TrainingSequence, micro_batches_by_token_budget, pad_batch
 from trainer.config import ConfigError, DistillationConfig
@@ -70,6 +70,11 @@ class Teacher:
         self.logits_chunk_size = logits_chunk_size
         placed: dict[str, Any] = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
         model, _ = load_for_training(settings.teacher, dtype, **placed)
+        if is_vision_model(model.config):
+            raise ConfigError(
+                f"distillation.teacher {settings.teacher} is a vision-language model: the teacher scores "
+                "text sequences only for now; distil a text model, or use `rft collect` and `rft sft`"
+            )
         if settings.teacher_adapter is not None:
             from peft import PeftModel
 
