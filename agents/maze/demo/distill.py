@@ -6,7 +6,7 @@ start (``sft-adapter/``) with the demo's recipe, seed and rollouts per step, so 
 only in the ``distillation`` section::
 
     python -m agents.maze.demo.distill DEMO_RUN --mode grpo --out OUT [--steps 40] [--eval-steps 5]
-    python -m agents.maze.demo.distill --table OUT_GRPO OUT_DISTILL ...   # the docs' table and plot
+    python -m agents.maze.demo.distill --table OUT_GRPO OUT_DISTILL ... [--plot PNG]   # the docs' table
 """
 
 from __future__ import annotations
@@ -65,33 +65,47 @@ def run_mode(
     return result
 
 
-def within(result: dict[str, Any], target: float) -> dict[str, Any] | None:
-    """The first evaluation at or above ``target`` (a success rate), None if none got there."""
-    return next((e for e in result["evaluations"] if e["success_rate"] >= target), None)
+def evaluations(run: Path) -> dict[str, Any]:
+    """A run's mode and its evaluations after step 0, read from its metrics.jsonl (so a run stopped
+    early still shows the ones it made): success and the run's wall time to that step, evaluations
+    included, the warm start's own evaluation not."""
+    settings = json.loads((run / "config.json").read_text()).get("distillation")
+    mode = "grpo" if settings is None else "distill" if settings["reward_weight"] == 0 else "distill+reward"
+    points, elapsed = [], 0.0
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        elapsed += record["time_s"]["step"]
+        if "eval" in record:
+            points.append(
+                {"step": record["step"], "success_rate": record["eval"]["success_rate"], "wall_s": elapsed}
+            )
+    return {"mode": mode, "evaluations": points}
 
 
-def table(runs: list[Path], teacher: float, plot: Path | None) -> str:
-    """Success after each evaluation per mode, and when each got within 3 points of ``teacher``."""
-    results = [json.loads((run / RESULTS).read_text()) for run in runs]
+def table(runs: list[Path], teacher: float, start: float, plot: Path | None) -> str:
+    """Success after each evaluation per run (step 0: the warm start's ``start``), and the first
+    evaluation within 3 points of ``teacher``."""
+    results = [evaluations(run) for run in runs]
     steps = sorted({e["step"] for result in results for e in result["evaluations"]})
     lines = ["| step | " + " | ".join(r["mode"] for r in results) + " |", "|---" * (len(results) + 1) + "|"]
+    lines.append("| 0 (warm start) | " + " | ".join(f"{start:.1%}" for _ in results) + " |")
     for step in steps:
         cells = []
         for result in results:
             found = [e for e in result["evaluations"] if e["step"] == step]
-            cells.append(f"{found[0]['success_rate']:.1%}" if found else "")
+            cells.append(f"{found[0]['success_rate']:.1%} ({found[0]['wall_s']:.0f} s)" if found else "")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     reached = []
     for result in results:
-        first = within(result, teacher - 0.03)
+        first = next((e for e in result["evaluations"] if e["success_rate"] >= teacher - 0.03), None)
         reached.append(f"step {first['step']}, {first['wall_s']:.0f} s" if first else "not reached")
     lines.append(f"| within 3 points of the teacher ({teacher:.1%}) | " + " | ".join(reached) + " |")
     if plot is not None:
-        _plot(results, teacher, plot)
+        _plot(results, teacher, start, plot)
     return "\n".join(lines) + "\n"
 
 
-def _plot(results: list[dict[str, Any]], teacher: float, path: Path) -> None:
+def _plot(results: list[dict[str, Any]], teacher: float, start: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-start-eval", action="store_true", help="skip the warm start's evaluation")
     parser.add_argument("--table", nargs="+", type=Path, help="print the table of these runs' results")
     parser.add_argument("--teacher", type=float, default=0.758, help="the teacher's success (for --table)")
+    parser.add_argument("--start", type=float, default=0.359, help="the warm start's success (for --table)")
     parser.add_argument("--plot", type=Path, help="with --table: a PNG of success over steps")
     args = parser.parse_args(argv)
     if args.table:
-        print(table(args.table, args.teacher, args.plot))
+        print(table(args.table, args.teacher, args.start, args.plot))
         return 0
     if args.demo_run is None or args.out is None:
         parser.error("give DEMO_RUN and --out (or --table RUN ...)")
