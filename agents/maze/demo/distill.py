@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.demo_run is None or args.out is None:
         parser.error("give DEMO_RUN and --out (or --table RUN ...)")
+    from trainer.ops import pin_cpu_kernels
+
+    pin_cpu_kernels()  # as `rft demo` and `rft train` do, before the first tensor operation
     result = run_mode(args.demo_run, args.mode, args.out, args.steps, args.eval_steps, not args.no_start_eval)
     print(json.dumps(result["evaluations"]))
     return 0
