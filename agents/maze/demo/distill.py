@@ -27,11 +27,19 @@ RESULTS = "distill-results.json"
 
 
 def run_mode(
-    demo_run: Path, mode: str, out: Path, steps: int, eval_steps: int, start_eval: bool = True
+    demo_run: Path,
+    mode: str,
+    out: Path,
+    steps: int,
+    eval_steps: int,
+    start_eval: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """The demo's GRPO stage in ``mode`` from its warm start; each evaluation's success and wall time
     since the run began (evaluations included). ``start_eval``: evaluate the warm start first (the
-    same for every mode, so one run is enough)."""
+    same for every mode, so one run is enough). ``resume``: continue ``out`` from its newest
+    checkpoint up to ``steps`` (the learning-rate schedule is constant after its warm-up, so a run
+    extended this way repeats a longer run's steps)."""
     import time
 
     from trainer import train
@@ -53,7 +61,7 @@ def run_mode(
             fields["distillation"] = {**teacher, **distillation}
         config = config.model_validate({**config.model_dump(), **fields})
         started = time.time()
-        summary = train(config)
+        summary = train(config, resume=resume)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     elapsed = {record["step"]: record["time"] - started for record in records}
     evaluations = [
@@ -133,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-steps", type=int, default=5)
     parser.add_argument("--no-start-eval", action="store_true", help="skip the warm start's evaluation")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue --out from its last checkpoint to --steps"
+    )
     parser.add_argument("--table", nargs="+", type=Path, help="print the table of these runs' results")
     parser.add_argument("--teacher", type=float, default=0.758, help="the teacher's success (for --table)")
     parser.add_argument("--start", type=float, default=0.359, help="the warm start's success (for --table)")
