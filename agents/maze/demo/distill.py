@@ -157,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.ops import pin_cpu_kernels
 
     pin_cpu_kernels()  # as `rft demo` and `rft train` do, before the first tensor operation
-    result = run_mode(args.demo_run, args.mode, args.out, args.steps, args.eval_steps, not args.no_start_eval)
+    start_eval = not args.no_start_eval
+    result = run_mode(
+        args.demo_run, args.mode, args.out, args.steps, args.eval_steps, start_eval, args.resume
+    )
     print(json.dumps(result["evaluations"]))
     return 0
 
