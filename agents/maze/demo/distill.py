@@ -121,10 +121,9 @@ def _plot(results: list[dict[str, Any]], teacher: float, start: float, path: Pat
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
     for result in results:
-        points = result["evaluations"]
-        axes.plot(
-            [e["step"] for e in points], [e["success_rate"] for e in points], marker="o", label=result["mode"]
-        )
+        points = [{"step": 0, "success_rate": start}, *result["evaluations"]]
+        steps, success = [e["step"] for e in points], [e["success_rate"] for e in points]
+        axes.plot(steps, success, marker="o", label=result["mode"])
     axes.axhline(teacher, color="gray", linestyle="--", label="teacher")
     axes.set_xlabel("step")
     axes.set_ylabel("success on the 64 mazes")
