@@ -125,6 +125,7 @@ def _plot(results: list[dict[str, Any]], teacher: float, start: float, path: Pat
         steps, success = [e["step"] for e in points], [e["success_rate"] for e in points]
         axes.plot(steps, success, marker="o", label=result["mode"])
     axes.axhline(teacher, color="gray", linestyle="--", label="teacher")
+    axes.set_ylim(top=max(axes.get_ylim()[1], teacher + 0.03))  # the teacher's line in view
     axes.set_xlabel("step")
     axes.set_ylabel("success on the 64 mazes")
     axes.legend()
