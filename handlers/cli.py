@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the old name of `rft model tiny`",
     ),
     "sft": ("agents.maze.demo.sft:main", "supervised warm start of a LoRA adapter on demonstrations"),
+    "collect": (
+        "trainer.distill.collect_cli:main",
+        "a teacher plays the config's agents; good episodes become demonstrations for rft sft",
+    ),
     "plan": (
         "trainer.scale.plan_cli:main",
         "estimate a config's memory per device and refuse one that cannot fit",

@@ -106,4 +106,7 @@ def call_record(
         unparsed_reason=unparsed,
         truncated=truncated(generation, result),
         answered=bool(result.content or result.tool_calls),
+        answer=None
+        if result.completion_token_ids
+        else {"content": result.content, "tool_calls": result.tool_calls},
     )

@@ -82,6 +82,11 @@ class CallRecord(BaseModel):
         description="The prompt's images in order: sha256 (the bytes are in the run's image store) "
         "and the span of placeholder tokens each took in prompt_token_ids.",
     )
+    answer: dict[str, Any] | None = Field(
+        default=None,
+        description="The reply as the engine parsed it (content, tool_calls), kept only for an engine "
+        "that returns no token ids (a forwarded endpoint): the completion cannot be decoded from ids.",
+    )
 
 
 class RolloutTrace(BaseModel):

@@ -61,6 +61,7 @@ class StepBatch:
     dropped_groups: int = 0
     bad_traces: int = 0
     without_sequences: int = 0  # scored rollouts whose trace holds no sampled token
+    distillation: dict[str, float] = field(default_factory=dict)  # the teacher's figures, when distilling
 
 
 def group_rollouts(played: list[PlayedRollout], num_groups: int) -> StepBatch:
@@ -85,10 +86,19 @@ def group_rollouts(played: list[PlayedRollout], num_groups: int) -> StepBatch:
 
 
 def assign_advantages(config: TrainConfig, batch: StepBatch) -> None:
-    """Advantages per trainable group (scaled as ``scale_rewards`` says), onto its members' sequences."""
+    """Advantages per trainable group (scaled as ``scale_rewards`` says), onto its members' sequences.
+
+    While distilling (``distillation.weight > 0``) a group without reward signal still trains: its
+    outcome advantages are 0 and its tokens carry the teacher's term alone.
+    """
+    distilling = config.distillation is not None and config.distillation.weight > 0
     centred: list[tuple[Group, Tensor]] = []
     for index, group in enumerate(batch.groups):
         check = group_is_trainable(group.outcomes)
+        if not check and distilling and group.members:
+            log.info("group %d has no reward signal (%s): distillation alone", index, check.reason)
+            centred.append((group, torch.zeros(len(group.members), dtype=torch.float64)))
+            continue
         if not check:
             batch.dropped_groups += 1
             log.info("group %d gives no gradient: %s", index, check.reason)

@@ -27,6 +27,7 @@ from typing import Any
 
 from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
+from trainer.distill import distill_sequences
 from trainer.errors import TrainingError
 from trainer.fidelity import check_fidelity
 from trainer.learner.checkpoint import CheckpointWriteError, checkpoint_name, save_checkpoint
@@ -162,6 +163,8 @@ def run_step(
         run.transcripts.keep_step(step, sampled.played)
     batch = group_rollouts(sampled.played, sampled.num_groups)
     assign_advantages(run.config, batch)
+    if run.teacher is not None and run.config.distillation is not None:
+        batch.distillation = distill_sequences(run.teacher, run.config.distillation, batch.sequences)
     update = update_policy(run, step, batch)
     run.session.release(sampled.played)
     adapter_load_s = publish(run, step, update.applied)

@@ -41,13 +41,15 @@ def step_record(
     run: Run, sampled: Sampled, batch: StepBatch, update: StepUpdate, evaluation: EvalResult | None
 ) -> dict[str, Any]:
     """The step's record, but for its timings."""
-    tokens = count_tokens(run, update, sampled.played)
+    tokens = count_tokens(run, update, sampled.played, int(batch.distillation.get("teacher_tokens", 0)))
     record = _rollout_record(run.config, sampled.played, batch, tokens, run.totals, sampled.seconds)
     update_metrics, token_figures = split_update_metrics(update.metrics)
     record["update"] = {"applied": update.applied, **update_metrics}
     record["fidelity"] = step_fidelity(token_figures, sampled.played)
     record["adapter_version"] = run.state.adapter_version
     record["staleness"] = sampled.staleness
+    if batch.distillation:
+        record["distillation"] = batch.distillation
     replica_stats = getattr(run.session.server.engine, "replica_stats", None)
     if replica_stats is not None:  # inference replicas on Ray: calls per replica, failovers, restarts
         record["replicas"] = replica_stats()
@@ -108,8 +110,13 @@ def _rollout_record(
     }
 
 
-def count_tokens(run: Run, update: StepUpdate, played: list[PlayedRollout]) -> dict[str, int]:
+def count_tokens(
+    run: Run, update: StepUpdate, played: list[PlayedRollout], teacher_tokens: int = 0
+) -> dict[str, int]:
     """The step's prefill and sample tokens (evaluations included) and train tokens; totals move on.
+
+    ``teacher_tokens``: what a distillation teacher read to score the step's sequences, counted as
+    prefill (a forward pass over given tokens) and also shown alone as ``teacher_prefill``.
 
     Synchronous: what the server counted since the last step. Asynchronous: the server meanwhile also
     sampled for later steps, as far as timing let it, so the step's own rollouts' traces are counted
@@ -127,10 +134,11 @@ def count_tokens(run: Run, update: StepUpdate, played: list[PlayedRollout]) -> d
         sample = evaluated.sample_tokens + sum(
             len(c.completion_token_ids) for r in played for c in r.trace.calls
         )
+    prefill += teacher_tokens
     tokens = {"prefill": prefill, "sample": sample, "train": int(update.metrics.get("train_tokens", 0))}
     run.counted = counters
     run.totals = {key: run.totals[key] + tokens[key] for key in run.totals}
-    return tokens
+    return {**tokens, "teacher_prefill": teacher_tokens} if teacher_tokens else tokens
 
 
 # Characters of a failure's first error text in a step's progress line.

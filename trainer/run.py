@@ -32,6 +32,7 @@ from trainer.scale.choices import preflight
 from trainer.session import Session, build_engine
 
 if TYPE_CHECKING:
+    from trainer.distill import Teacher
     from trainer.learner.distributed import RayLearner
     from trainer.learner.processes import ProcessLearner
     from trainer.scale.placement import Placement
@@ -82,6 +83,7 @@ class Run:
     on_evaluation: EvaluationHook | None = None
     transcripts: TranscriptKeeper | None = None  # a few episodes of each step and evaluation, for `rft show`
     parsers: Parsers | None = None  # the engine's tool-call and reasoning parsers, named by fidelity stops
+    teacher: Teacher | None = None  # on-policy distillation's (the distillation section)
 
     @property
     def run_dir(self) -> Path:
@@ -150,6 +152,7 @@ def open_run(config: TrainConfig, resume: bool) -> Run:
         run_dir, config.transcripts, config.seed, base_model, config.chat_template
     )
     run.parsers = parsers
+    run.teacher = open_teacher(config, base_model, learner)
     return run
 
 
@@ -176,6 +179,29 @@ def close_learner(learner: Learner | RayLearner | ProcessLearner) -> None:
 
     if isinstance(learner, ProcessLearner):
         learner.close()
+
+
+def open_teacher(config: TrainConfig, base_model: Path, learner: Learner | RayLearner | ProcessLearner) -> Teacher | None:
+    """The distillation section's teacher beside the learner (its device and dtype); None without one."""
+    settings = config.distillation
+    if settings is None or settings.weight == 0.0:
+        return None
+    if not isinstance(learner, Learner):
+        raise TrainingError(
+            "distillation with a ray section or learner processes: the teacher is loaded beside a "
+            "learner in this process, and Ray's learner workers or learner.processes run elsewhere; "
+            "remove the ray section (or learner.processes, learner.shard) to distil"
+        )
+    from trainer.distill import Teacher
+
+    return Teacher(
+        settings,
+        base_model,
+        device=learner.device,
+        dtype=learner.dtype,
+        micro_batch_tokens=config.max_tokens_per_microbatch,
+        logits_chunk_size=config.learner.logits_chunk_size,
+    )
 
 
 def _rows(config: TrainConfig) -> tuple[list[Any], list[Any]]:

@@ -13,6 +13,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Engine": ("policy_server.engines.base", "Engine"),
     "EngineOccupancy": ("policy_server.engines.base", "EngineOccupancy"),
     "EngineStats": ("policy_server.engines.hf", "EngineStats"),
+    "ForwardEngine": ("policy_server.engines.forward", "ForwardEngine"),
     "GenerationRequest": ("policy_server.engines.base", "GenerationRequest"),
     "GenerationResult": ("policy_server.engines.base", "GenerationResult"),
     "HFEngine": ("policy_server.engines.hf", "HFEngine"),
@@ -28,6 +29,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 if TYPE_CHECKING:
     from policy_server.engines.base import Engine, EngineOccupancy, GenerationRequest, GenerationResult
+    from policy_server.engines.forward import ForwardEngine
     from policy_server.engines.hf import EngineStats, HFEngine
     from policy_server.engines.hf_batch import sample_tokens
     from policy_server.engines.ray.engine import RayEngine
@@ -41,6 +43,7 @@ __all__ = [
     "Engine",
     "EngineOccupancy",
     "EngineStats",
+    "ForwardEngine",
     "GenerationRequest",
     "GenerationResult",
     "HFEngine",

@@ -121,7 +121,8 @@ def grpo_loss(
     Args:
         logprobs: [B, T] current policy's token logprobs (with grad), from :func:`token_logprobs`.
         behavior_logprobs: [B, T] logprobs the sampler recorded for the same tokens (0 where masked).
-        advantages: [B] one advantage per sequence, broadcast over its tokens.
+        advantages: [B] one advantage per sequence, broadcast over its tokens, or [B, T] one per token
+            (on-policy distillation's, :func:`trainer.algo.distill.distillation_advantages`).
         loss_mask: [B, T] 1 on sampled completion tokens, 0 elsewhere.
         loss_type: how per-token losses are averaged (an episode is one rollout: its calls make one
             merged sequence or several, see ``episode_tokens``):
@@ -171,7 +172,8 @@ def grpo_loss(
     """
     _check_loss_args(loss_type, max_completion_length, beta, ref_logprobs, epsilon_high)
     mask = loss_mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    adv = adv if adv.dim() == 2 else adv.unsqueeze(-1)
     eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
 
     # Where the mask is 0 the log-ratio is forced to 0, so padding with junk logprobs cannot make inf/nan.

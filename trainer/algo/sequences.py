@@ -39,6 +39,9 @@ class TrainingSequence:
     behavior_logprobs: list[float] = field(default_factory=list)  # sampler's; 0.0 where loss_mask is 0
     adapter_versions: list[int] = field(default_factory=list)  # one per merged call, in order
     advantage: float = 0.0  # set by the trainer from the rollout's group
+    # Per-token advantages (one per token, 0 off the loss mask) where on-policy distillation set them;
+    # they replace ``advantage`` in the loss.
+    token_advantages: list[float] | None = None
     num_calls: int = 0
     images: list[ImageRef] = field(default_factory=list)  # in order; positions in token_ids
 
@@ -141,7 +144,7 @@ class SequenceBatch:
     attention_mask: Tensor  # [B, T] long, 1 on real tokens
     loss_mask: Tensor  # [B, T] float, 1 on sampled tokens
     behavior_logprobs: Tensor  # [B, T] float32, 0 where loss_mask is 0
-    advantages: Tensor  # [B] float32
+    advantages: Tensor  # [B] float32, or [B, T] when a sequence carries per-token advantages
 
 
 def right_pad(
@@ -175,6 +178,12 @@ def pad_batch(sequences: Sequence[TrainingSequence], pad_token_id: int) -> Seque
     loss_mask = right_pad([sequence.loss_mask for sequence in sequences], 0, torch.float32)
     behavior = right_pad([sequence.behavior_logprobs for sequence in sequences], 0, torch.float32)
     advantages = torch.tensor([sequence.advantage for sequence in sequences], dtype=torch.float32)
+    if any(sequence.token_advantages is not None for sequence in sequences):
+        per_token = [
+            sequence.token_advantages or [sequence.advantage * mask for mask in sequence.loss_mask]
+            for sequence in sequences
+        ]
+        advantages = right_pad(per_token, 0, torch.float32, width=input_ids.shape[1])
     return SequenceBatch(input_ids, attention_mask, loss_mask, behavior, advantages)
 
 

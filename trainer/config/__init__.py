@@ -9,6 +9,7 @@ Torch-free: importing the config pulls pydantic and yaml only.
 from __future__ import annotations
 
 from trainer.config.common import BASE_DIR_KEY, ConfigError, ImportanceSamplingMode, RewardAggregation
+from trainer.config.distillation import DistillationConfig
 from trainer.config.docs import EXAMPLE_COMMAND, render_markdown
 from trainer.config.engines import HFEngineConfig, VLLMConfig
 from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
@@ -25,6 +26,7 @@ __all__ = [
     "BASE_DIR_KEY",
     "EXAMPLE_COMMAND",
     "ConfigError",
+    "DistillationConfig",
     "FidelityConfig",
     "HFEngineConfig",
     "ImportanceSamplingMode",

@@ -1,8 +1,5 @@
-"""The whole training configuration, ``TrainConfig``: top-level fields and the sections.
-
-Names follow TRL's ``GRPOConfig`` wherever the concept exists there (``num_generations``, ``beta``,
-``epsilon``, ``loss_type``, ``learning_rate``, ...), so a TRL user reads this file without a guide.
-"""
+"""The whole training configuration, ``TrainConfig``: top-level fields and the sections. Names follow
+TRL's ``GRPOConfig`` wherever the concept exists there (``num_generations``, ``beta``, ``epsilon``, ...)."""
 
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ from trainer.config.common import (
     RewardAggregation,
     _Section,
 )
+from trainer.config.distillation import DISTILLATION_FIELD, DistillationConfig
 from trainer.config.engines import HFEngineConfig, VLLMConfig
 from trainer.config.faults import FaultsConfig
 from trainer.config.fidelity import FidelityConfig, TranscriptsConfig
@@ -156,6 +154,7 @@ class TrainConfig(_Section):
         description="KL coefficient against the reference policy: init_adapter when set (the warm "
         "start), else the base model (adapter disabled); 0 skips the KL pass.",
     )
+    distillation: DistillationConfig | None = Field(default=None, description=DISTILLATION_FIELD)
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")
     epsilon_high: EpsilonHighField = None
     use_bias_correction_kl: bool = Field(

@@ -106,3 +106,29 @@ def export_demos(run_dir: Path, out: Path, min_reward: float, kind: str | None, 
         f"({found.below} failed or under reward {min_reward:g}, {found.unusable} without a whole "
         f"conversation, {found.duplicates} repeated); warm-start with: rft sft --data {out}"
     )
+
+
+def episode_demonstrations(calls: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Every model call of one episode as demonstrations (``rft collect``): each call's messages as the
+    gateway recorded them, its answer (``content``, ``tool_calls``) and its ``tools``, in order.
+
+    A call whose conversation the next call carries on (the next call's messages start with this
+    one's and add this answer and what followed) is left to that later line, where `rft sft` trains on
+    every assistant turn. An agent that keeps only the latest observation (the maze's) gives one line
+    per call; one that keeps its history, one line for the whole episode. A call that cannot be a
+    demonstration (no messages kept, a conversation the gateway clipped) gives None in its place.
+    """
+    lines: list[dict[str, Any] | None] = []
+    for index, call in enumerate(calls):
+        messages = call.get("messages") or []
+        later = calls[index + 1].get("messages") or [] if index + 1 < len(calls) else []
+        if messages and len(later) > len(messages) + 1 and later[: len(messages)] == messages:
+            continue
+        if not messages:
+            lines.append(None)
+            continue
+        answer: dict[str, Any] = {"role": "assistant", "content": call.get("content")}
+        if call.get("tool_calls"):
+            answer["tool_calls"] = call["tool_calls"]
+        lines.append(demonstration({"messages": [*messages, answer], "tools": call.get("tools")}))
+    return lines
