@@ -181,7 +181,9 @@ def close_learner(learner: Learner | RayLearner | ProcessLearner) -> None:
         learner.close()
 
 
-def open_teacher(config: TrainConfig, base_model: Path, learner: Learner | RayLearner | ProcessLearner) -> Teacher | None:
+def open_teacher(
+    config: TrainConfig, base_model: Path, learner: Learner | RayLearner | ProcessLearner
+) -> Teacher | None:
     """The distillation section's teacher beside the learner (its device and dtype); None without one."""
     settings = config.distillation
     if settings is None or settings.weight == 0.0:

@@ -25,7 +25,7 @@ from trainer.ops.transcripts import call_view
 from trainer.rollouts.dataset import dataset_row_name, derived_seed, prompts, read_rows
 from trainer.rollouts.outcomes import FailureCounts
 from trainer.rollouts.producer import PlayedRollout
-from trainer.scale.plan import preflight
+from trainer.scale.choices import preflight
 from trainer.session import Session
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ def teacher_session(config: TrainConfig, teacher: Path, adapter: Path | None) ->
     if config.ray is not None:
         raise TrainingError("rft collect serves the teacher in this process: remove the config's ray section")
     served = config.model_copy(update={"model": str(teacher), "init_adapter": None})
-    session = Session(served, local_engine(served, teacher, preflight(served, teacher)))
+    served, placement = preflight(served, teacher)  # with the plan's choices, as rft train serves
+    session = Session(served, local_engine(served, teacher, placement))
     session.start()
     if adapter is not None:
         session.load_adapter(adapter, 1)
