@@ -92,6 +92,13 @@ def engine_parsers(config: TrainConfig, model_dir: Path) -> Parsers:
     return parsers
 
 
+def check_model(config: TrainConfig) -> None:
+    """A configured model that is not there is named at once (:class:`TrainingError`), before the
+    agents are probed (which may wait for them) or anything loads; an unset one is built later."""
+    if config.model is not None:
+        model_dir(config, config.output_dir)
+
+
 def model_dir(config: TrainConfig, run_dir: Path) -> Path:
     """The base model: the configured one, else a tiny model built offline in the run directory."""
     from policy_server.models import LocalModelError, build_tiny_model, local_model_dir

@@ -112,9 +112,13 @@ TRUNCATED_SHOWN = 5
 
 
 def _where(rollout: PlayedRollout, call_index: int) -> str:
-    """Where a call is, for the user to find it: its dataset row, rollout and call number."""
+    """Where a call is, for the user to find it: its dataset row, rollout and call number.
+
+    The rollout is named without the random suffix its id ends with (``s1-g0-2-<8 hex>``: the suffix
+    keeps ids unique across runs, trainer/session.py), so the same seed gives the same step record;
+    the rest (step, group, member) is unique within a run and prefixes the id in transcripts."""
     row = rollout.request.row_name or f"group {rollout.request.group_index}"
-    return f"{row}, rollout {rollout.request.rollout_id}, call {call_index}"
+    return f"{row}, rollout {rollout.request.rollout_id.rsplit('-', 1)[0]}, call {call_index}"
 
 
 def check_fidelity(

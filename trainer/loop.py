@@ -28,6 +28,7 @@ from typing import Any
 from trainer.batch import assign_advantages, group_rollouts
 from trainer.config import TrainConfig
 from trainer.distill import distill_sequences
+from trainer.engine import check_model
 from trainer.errors import TrainingError
 from trainer.fidelity import check_fidelity
 from trainer.learner.checkpoint import CheckpointWriteError, checkpoint_name, save_checkpoint
@@ -66,6 +67,7 @@ def train(
     (``faults`` section; :mod:`trainer.ops.preemption`); SIGUSR1 writes every thread's stack to
     ``train.log`` (:mod:`trainer.ops.stacks`).
     """
+    check_model(config)
     check_agents_listen(config.agents)  # before anything loads: the model, a Ray cluster
     config.output_dir.mkdir(parents=True, exist_ok=True)
     log_handler = add_log_file(config.output_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.engine import model_dir
+from trainer.engine import check_model, model_dir
 from trainer.ops.metrics import TokenCost
 from trainer.rollouts.evaluation import PlayedEvaluation, evaluate_policy
 from trainer.rollouts.fanout import check_agents_listen
@@ -76,6 +76,7 @@ def evaluate_policies(
     Each adapter is served as version 1, 2, ...: the version number does not enter sampling, which
     is seeded per rollout, so an adapter samples here as it did in the run that trained it.
     """
+    check_model(config)
     check_agents_listen(config.agents)
     base_model = model_dir(config, config.output_dir)
     config, placement = preflight(config, base_model)  # with the plan's choices (vLLM's share, dtype)
