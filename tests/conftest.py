@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "policy_server/test_vllm_engine.py",  # 92 (two vLLM starts)
     "policy_server/test_vllm_qwen3_vl.py",  # 86
     "trainer/test_resume.py",  # 83
+    "trainer/test_fsdp_learner.py",  # 74+ (loaded machine): two- and one-process learners, a killed and a hung rank
     "trainer/test_smollm2_training.py",  # 76
     "bench/test_device_check.py",  # 59
     "trainer/test_ray_learner.py",  # 57
