@@ -35,6 +35,8 @@ PINNED_CPU_KERNELS_ENV = "RFTKIT_PINNED_CPU_KERNELS"
 ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
 # PyTorch's switch that runs every torch.compile'd function as plain eager code.
 DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
+# vLLM runs its engine core's worker in the engine-core process when this is 0.
+UNIPROC_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 class VLLMEngineError(RuntimeError):
@@ -179,6 +181,10 @@ class VLLMLauncher:
         # setting wins.
         if self._cpu_build:
             env.setdefault(DYNAMO_DISABLE_ENV, "1")
+            # The CPU build's one worker runs inside its engine-core process instead of a third
+            # process of its own: one import of vLLM fewer at every start, the same tokens and
+            # logprobs (docs/benchmarks.md, a vLLM CPU server's start). The user's own setting wins.
+            env.setdefault(UNIPROC_ENV, "0")
         # Offline and repeatable (gpt-oss's harmony vocabulary and conversation date); the user's
         # own values win.
         for name, value in family_env(self.model_dir).items():
