@@ -150,5 +150,7 @@ def test_an_endpoint_teacher_needs_the_policys_tokenizer_a_vllm_server_and_its_m
         _teacher(url, tiny_model_dir, teacher_api_key_env="NO_SUCH_KEY")
     with pytest.raises(ValueError, match="name the model it serves with distillation.teacher_model"):
         DistillationConfig(teacher=url)
+    with pytest.raises(ValueError, match="teacher_model apply only to an endpoint teacher"):
+        DistillationConfig(teacher=tiny_model_dir, teacher_model="big")
     with pytest.raises(ValueError, match="load the adapter there"):
         DistillationConfig(teacher=url, teacher_model="big", teacher_adapter=tiny_model_dir)
