@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import socket
 import uuid
@@ -30,6 +31,14 @@ RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 RETRYABLE_AWS_CODES = frozenset({"ThrottlingException", "RetryableConflictException", "ServiceUnavailable"})
 ERROR_TEXT_CHARS = 500
 _SESSION_NAMESPACE = uuid.UUID("5b0c3c5e-7f0e-4a55-9d8a-2f1b6f3f0a11")
+
+
+def retry_delay(first_s: float, attempt: int, jitter: random.Random) -> float:
+    """The wait before the ``attempt``-th retry of a call that failed in transport: ``first_s``, doubled
+    on every retry after the first, times a random factor from a half to one so that callers failing
+    together spread out. Every bounded retry of an HTTP call in rftkit waits this long (agent calls,
+    a distillation teacher's)."""
+    return first_s * 2 ** (attempt - 1) * jitter.uniform(0.5, 1.0)
 
 
 class FailureCause(StrEnum):

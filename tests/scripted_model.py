@@ -1,7 +1,9 @@
 """The one scripted fake model server of the suite: it stands in for the policy server in the agent tests.
 
 It answers OpenAI chat completions, streamed as Strands asks for them (SSE) or as JSON, with turns
-from a script, and records every call's headers and body and every feedback post. Turns are chosen
+from a script, and records every call's headers and body and every feedback post. It also answers
+the two routes a vLLM server scores given tokens with (an endpoint teacher of distillation):
+``/v1/completions`` with ``prompt_logprobs`` for token-id prompts, and ``/tokenize``. Turns are chosen
 per rollout (by the trajectory-id header) from ``scripts``, or by the ``script`` function.
 
 A turn is ``{"content": "text"}``, or tool calls: ``{"tool": name, "arguments": {...}}`` for one call,
@@ -77,11 +79,20 @@ class ScriptedModel:
         self.in_flight = 0
         self.max_in_flight = 0
         self.url = ""
+        # The scoring routes: /tokenize answers ``tokenize(text)`` (unset: 404, as a server without the
+        # route), /v1/completions every prompt token's ``prompt_logprob(token, position)``; ``queued``
+        # (status, body) answers go out first on either, in order; ``scoring`` records their calls.
+        self.tokenize: Callable[[str], list[int]] | None = None
+        self.prompt_logprob: Callable[[int, int], float] = lambda token, position: -0.01 * (token % 50) - 0.1
+        self.queued: list[tuple[int, bytes]] = []
+        self.scoring: list[ModelCall] = []
 
     def app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route(CHAT_COMPLETIONS_PATH, self._chat, methods=["POST"]),
+                Route("/v1/completions", self._score, methods=["POST"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
                 Route(UPDATE_REWARD_PATH, self._record(self.update_rewards), methods=["POST"]),
                 Route(COMPLETE_ROLLOUT_PATH, self._record(self.complete_rollouts), methods=["POST"]),
             ]
@@ -138,6 +149,53 @@ class ScriptedModel:
         if body.get("stream"):
             return StreamingResponse(self._stream(turn), media_type="text/event-stream")
         return JSONResponse(self._completion(turn))
+
+    async def _scoring_call(self, request: Request) -> tuple[dict[str, Any], Response | None]:
+        """The call's body, recorded; and the next queued answer (after ``delay_s``), if any."""
+        body = await request.json()
+        self.scoring.append(ModelCall({key.lower(): value for key, value in request.headers.items()}, body))
+        await asyncio.sleep(self.delay_s)
+        if self.queued:
+            status, content = self.queued.pop(0)
+            return body, Response(content, status, media_type="application/json")
+        return body, None
+
+    async def _tokenize(self, request: Request) -> Response:
+        body, queued = await self._scoring_call(request)
+        if queued is not None:
+            return queued
+        if self.tokenize is None:
+            return JSONResponse({"detail": "Not Found"}, 404)
+        tokens = self.tokenize(body["prompt"])
+        return JSONResponse({"count": len(tokens), "max_model_len": 2048, "tokens": tokens})
+
+    async def _score(self, request: Request) -> Response:
+        body, queued = await self._scoring_call(request)
+        if queued is not None:
+            return queued
+        prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+        choices = [
+            {
+                "index": index,
+                "text": "x",
+                "finish_reason": "length",
+                "prompt_logprobs": [None]
+                + [
+                    {str(token): {"logprob": self.prompt_logprob(token, position), "rank": 1}}
+                    for position, token in enumerate(prompt[1:], start=1)
+                ],
+            }
+            for index, prompt in enumerate(prompts)
+        ]
+        tokens = sum(len(prompt) for prompt in prompts)
+        usage = {
+            "prompt_tokens": tokens,
+            "completion_tokens": len(prompts),
+            "total_tokens": tokens + len(prompts),
+        }
+        return JSONResponse(
+            {"object": "text_completion", "model": body["model"], "choices": choices, "usage": usage}
+        )
 
     @staticmethod
     def _tool_calls(turn: Turn) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from policy_server import ImageStore, TokenCounters
 from policy_server.models.families import Parsers
 from trainer.config import TrainConfig
+from trainer.distill import open_teacher
 from trainer.engine import engine_parsers, model_dir
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import LoadedCheckpoint, RunState, latest_checkpoint, load_checkpoint
@@ -32,7 +33,7 @@ from trainer.scale.choices import preflight
 from trainer.session import Session, build_engine
 
 if TYPE_CHECKING:
-    from trainer.distill import Teacher
+    from trainer.distill import Scorer
     from trainer.learner.distributed import RayLearner
     from trainer.learner.processes import ProcessLearner
     from trainer.scale.placement import Placement
@@ -83,7 +84,7 @@ class Run:
     on_evaluation: EvaluationHook | None = None
     transcripts: TranscriptKeeper | None = None  # a few episodes of each step and evaluation, for `rft show`
     parsers: Parsers | None = None  # the engine's tool-call and reasoning parsers, named by fidelity stops
-    teacher: Teacher | None = None  # on-policy distillation's (the distillation section)
+    teacher: Scorer | None = None  # on-policy distillation's (the distillation section)
 
     @property
     def run_dir(self) -> Path:
@@ -179,31 +180,6 @@ def close_learner(learner: Learner | RayLearner | ProcessLearner) -> None:
 
     if isinstance(learner, ProcessLearner):
         learner.close()
-
-
-def open_teacher(
-    config: TrainConfig, base_model: Path, learner: Learner | RayLearner | ProcessLearner
-) -> Teacher | None:
-    """The distillation section's teacher beside the learner (its device and dtype); None without one."""
-    settings = config.distillation
-    if settings is None or settings.weight == 0.0:
-        return None
-    if not isinstance(learner, Learner):
-        raise TrainingError(
-            "distillation with a ray section or learner processes: the teacher is loaded beside a "
-            "learner in this process, and Ray's learner workers or learner.processes run elsewhere; "
-            "remove the ray section (or learner.processes, learner.shard) to distil"
-        )
-    from trainer.distill import Teacher
-
-    return Teacher(
-        settings,
-        base_model,
-        device=learner.device,
-        dtype=learner.dtype,
-        micro_batch_tokens=config.max_tokens_per_microbatch,
-        logits_chunk_size=config.learner.logits_chunk_size,
-    )
 
 
 def _rows(config: TrainConfig) -> tuple[list[Any], list[Any]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from peft import PeftModel
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -35,6 +36,9 @@ from policy_server.trace import CallRecord
 from policy_server.workers.gateway_pool import GatewayPool
 from tests.process_tree import descendants
 from tests.teacher_forcing import teacher_forced_logprobs
+from trainer.algo.sequences import TrainingSequence
+from trainer.config import DistillationConfig
+from trainer.distill import EndpointTeacher, Teacher
 
 pytestmark = pytest.mark.vllm
 
@@ -135,6 +139,55 @@ def test_recorded_logprobs_match_trainer_forward(
                 worst, max(abs(a - b) for a, b in zip(expected, call.completion_logprobs, strict=True))
             )
     assert worst <= 1e-3, f"sampler and trainer logprobs differ by {worst}"
+
+
+# The endpoint teacher's scores (vLLM's prompt_logprobs, CPU float32) against the local teacher's
+# (transformers, float32) on the same ids; measured here: 4.8e-7 at most (docs/distillation.md).
+TEACHER_TOLERANCE = 1e-4
+
+
+def test_an_endpoint_teacher_scores_the_students_tokens_as_the_local_teacher_does(
+    vllm_server: tuple[PolicyServer, ServerThread],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    random_adapter: Callable[..., Path],
+) -> None:
+    server, thread = vllm_server
+    assert isinstance(server.engine, VLLMEngine)
+    adapter = random_adapter(tmp_path / "teacher-adapter", seed=21, std=1.0)
+    version = thread.run(server.load_adapter(adapter))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sequences = []
+    for index, (prompt, reply) in enumerate((("Walk the maze.", "up up left"), ("hi", "Guess: crane"))):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        ids, completion = (tokenizer(part, add_special_tokens=False)["input_ids"] for part in (text, reply))
+        mask = [0] * len(ids) + [1] * len(completion)
+        sequences.append(TrainingSequence(str(index), [*ids, *completion], mask, [0.0] * len(mask)))
+    worst = 0.0
+    # The base model as the server's own name, and the adapter by the name vLLM serves it under.
+    for model, merged in (("policy", None), (server.engine.adapter_name(version), adapter)):
+        url = f"{server.engine.base_url}/v1"
+        endpoint = EndpointTeacher(
+            DistillationConfig(teacher=url, teacher_model=model),
+            tiny_model_dir,
+            max_retries=0,
+            retry_backoff_s=0.1,
+            batch_tokens=4096,
+        )
+        local = Teacher(
+            DistillationConfig(teacher=tiny_model_dir, teacher_adapter=merged),
+            tiny_model_dir,
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+            micro_batch_tokens=4096,
+        )
+        for remote, expected in zip(endpoint.score(sequences), local.score(sequences), strict=True):
+            assert bool((remote != 0).eq(expected != 0).all())  # the sampled tokens, and only they
+            worst = max(worst, float((remote - expected).abs().max()))
+    print(f"endpoint teacher (vLLM CPU) vs local teacher (transformers): max abs diff {worst:.2e}")
+    assert worst <= TEACHER_TOLERANCE, f"the endpoint's and the local teacher's logprobs differ by {worst}"
 
 
 def test_prompt_ids_are_the_model_template_with_tools(

@@ -119,7 +119,8 @@ class TrainConfig(_Section):
         default=3,
         ge=0,
         description="Retries of a rollout after a transport failure (refused, reset, closed, 429, 502, "
-        "503, 504), with exponential backoff and jitter, while the deadline allows.",
+        "503, 504), with exponential backoff and jitter, while the deadline allows; also of each call "
+        "to a distillation teacher endpoint (a timeout counts as such a failure there).",
     )
     retry_backoff_s: float = Field(
         default=0.5, gt=0, description="First retry delay; it doubles on every retry (plus jitter)."

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from trainer.algo.distill import distillation_advantages, reverse_kl
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import DistillationConfig
-from trainer.distill.teacher import Teacher
 
 log = logging.getLogger(__name__)
 
 
+class Scorer(Protocol):
+    """A teacher: a local model (:class:`~trainer.distill.teacher.Teacher`) or a vLLM server
+    (:class:`~trainer.distill.endpoint.EndpointTeacher`)."""
+
+    def score(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:
+        """Its logprob of each sequence's tokens, one 1-D float32 CPU tensor per sequence (0 off the
+        loss mask), in ``sequences``' order."""
+        ...
+
+
 def distill_sequences(
-    teacher: Teacher, settings: DistillationConfig, sequences: Sequence[TrainingSequence]
+    teacher: Scorer, settings: DistillationConfig, sequences: Sequence[TrainingSequence]
 ) -> dict[str, float]:
     """Score ``sequences`` with the teacher and set their ``token_advantages``; the step's figures:
     ``reverse_kl`` (mean over sampled tokens of student minus teacher logprob, the sampler's logprob

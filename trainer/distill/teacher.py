@@ -3,7 +3,8 @@
 The teacher never samples: it reads each training sequence (the student's prompt and completion ids,
 exactly as the policy server recorded them) and returns its logprob of every sampled token. Scoring
 given ids is only meaningful when the teacher reads them as the student wrote them, so a teacher
-whose tokenizer maps any text to other ids is refused before anything trains.
+whose tokenizer maps any text to other ids is refused before anything trains. A teacher served by
+vLLM instead scores the same way through its ``prompt_logprobs`` (``trainer/distill/endpoint.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ class TokenizerMismatch(ConfigError):
     """The teacher's tokenizer is not the policy's: it cannot score the student's token ids."""
 
 
+def tokenizer_mismatch(teacher: str | Path, policy_dir: str | Path, detail: str) -> TokenizerMismatch:
+    """The refusal of a teacher (a directory, or an endpoint's URL and model) whose tokenizer is not the
+    policy's; ``detail`` says how they differ."""
+    return TokenizerMismatch(
+        f"distillation.teacher {teacher} has another tokenizer than the policy {policy_dir} ({detail}): "
+        "the teacher scores the student's own token ids, so it must share the policy's tokenizer. Choose "
+        "a teacher of the same tokenizer (the same model family and vocabulary), or distil through text "
+        "instead: `rft collect` plays the agent with any teacher and writes demonstrations for `rft sft`."
+    )
+
+
 def check_same_tokenizer(policy_dir: str | Path, teacher_dir: str | Path) -> None:
     """Raise :class:`TokenizerMismatch`, in a sentence, unless both directories' tokenizers give every
     token string the same id (their vocabularies, added tokens included, are equal)."""
@@ -41,13 +53,7 @@ def check_same_tokenizer(policy_dir: str | Path, teacher_dir: str | Path) -> Non
     examples = ", ".join(
         f"{token!r}: policy {policy.get(token)}, teacher {teacher.get(token)}" for token in differing[:3]
     )
-    raise TokenizerMismatch(
-        f"distillation.teacher {teacher_dir} has another tokenizer than the policy {policy_dir} "
-        f"({len(differing)} token(s) differ, e.g. {examples}): the teacher scores the student's own token "
-        "ids, so it must share the policy's tokenizer. Choose a teacher of the same tokenizer (the same "
-        "model family and vocabulary), or distil through text instead: `rft collect` plays the agent with "
-        "any teacher and writes demonstrations for `rft sft`."
-    )
+    raise tokenizer_mismatch(teacher_dir, policy_dir, f"{len(differing)} token(s) differ, e.g. {examples}")
 
 
 class Teacher:
@@ -64,15 +70,20 @@ class Teacher:
         micro_batch_tokens: int,
         logits_chunk_size: int = 1024,
     ) -> None:
-        check_same_tokenizer(policy_dir, settings.teacher)
+        if settings.endpoint is not None:
+            raise ConfigError(
+                f"distillation.teacher {settings.endpoint} is an endpoint: score with EndpointTeacher"
+            )
+        directory = Path(settings.teacher)
+        check_same_tokenizer(policy_dir, directory)
         self.device = device
         self.micro_batch_tokens = micro_batch_tokens
         self.logits_chunk_size = logits_chunk_size
         placed: dict[str, Any] = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
-        model, _ = load_for_training(settings.teacher, dtype, **placed)
+        model, _ = load_for_training(directory, dtype, **placed)
         if is_vision_model(model.config):
             raise ConfigError(
-                f"distillation.teacher {settings.teacher} is a vision-language model: the teacher scores "
+                f"distillation.teacher {directory} is a vision-language model: the teacher scores "
                 "text sequences only for now; distil a text model, or use `rft collect` and `rft sft`"
             )
         if settings.teacher_adapter is not None:
@@ -86,7 +97,7 @@ class Teacher:
         self.pad_token_id = int(pad if pad is not None else 0)
         self._transform = logit_transform(self.model.config)
         adapter = f" with adapter {settings.teacher_adapter}" if settings.teacher_adapter else ""
-        log.info("distillation teacher %s%s loaded on %s (%s)", settings.teacher, adapter, device, dtype)
+        log.info("distillation teacher %s%s loaded on %s (%s)", directory, adapter, device, dtype)
 
     @torch.no_grad()
     def score(self, sequences: Sequence[TrainingSequence]) -> list[torch.Tensor]:

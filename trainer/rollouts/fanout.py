@@ -44,6 +44,7 @@ from handlers import (
     invoke_runtime,
     is_runtime_arn,
     read_answer,
+    retry_delay,
     runtime_session_id,
     unreachable,
 )
@@ -298,7 +299,7 @@ class Fanout:
         return min(self._targets, key=lambda target: (target.outstanding, target.dispatched))
 
     def _backoff(self, attempt: int) -> float:
-        return self.retry_backoff_s * 2 ** (attempt - 1) * self._jitter.uniform(0.5, 1.0)
+        return retry_delay(self.retry_backoff_s, attempt, self._jitter)
 
     async def _attempt(self, target: _Target, request: RolloutRequest, body: bytes) -> AgentAnswer:
         target.outstanding += 1
