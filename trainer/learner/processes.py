@@ -7,10 +7,14 @@ learner process, rank 0 included; the trainer's own process holds no part of the
 trainer never waits inside a collective: it sends each call to every rank over a socket pair and
 watches the answers and the processes, which is how it names a rank that died (its process ended)
 or hung (the others' collectives gave up after ``learner.collective_timeout_s`` and it never
-answered). On the GPU the trainer keeps no CUDA context of the learner's, and the learner's memory
-is the learner processes' alone.
+answered). Every rank hung at once leaves no rank to give up: a working rank reports each
+micro-batch pass, a rank waiting in a collective answers within the collective timeout, so a call
+during which no rank is heard from for ``learner.collective_timeout_s`` plus a margin ends naming
+the ranks that did not answer (loading the model, before the first call, is not bounded). On the
+GPU the trainer keeps no CUDA context of the learner's, and the learner's memory is the learner
+processes' alone.
 
-Each rank runs the Ray learner worker's body (:class:`trainer.learner.distributed.LearnerWorker`):
+Each rank runs the Ray learner worker's body (:class:`trainer.learner.worker.LearnerWorker`):
 the micro-batches dealt round-robin, the model whole (``learner.shard: off``, gradients all-reduced)
 or sharded with FSDP2 (``fsdp``, :mod:`trainer.learner.rank`). A sharded learner's checkpoint holds
 its optimizer state as each rank's shard (torch's distributed checkpoint), written by every rank
@@ -51,14 +55,23 @@ log = logging.getLogger(__name__)
 _STOP_S = 10.0  # how long a closed learner process has to exit before it is killed
 # After one rank failed, how long the others have to answer before they are taken to be hung.
 _SETTLE_S = 5.0
+# How long after the collective timeout a rank that gave up in a collective has to answer (its error
+# formatted and sent); beyond it, with no rank heard from, every rank that has not answered is hung.
+ANSWER_MARGIN_S = 30.0
 
 
 class LearnerProcessDied(TrainingError):
     """A learner process died or stopped answering during a call: the step cannot finish."""
 
-    def __init__(self, rank: int, world: int, what: str, call: str) -> None:
+    def __init__(self, rank: int, world: int, what: str, call: str, ranks: Sequence[int] = ()) -> None:
+        self.ranks = list(ranks) or [rank]
+        who = (
+            f"learner process {rank}"
+            if len(self.ranks) == 1
+            else "learner processes " + ", ".join(map(str, self.ranks[:-1])) + f" and {self.ranks[-1]}"
+        )
         super().__init__(
-            f"learner process {rank} of {world} {what} during {call}: the step cannot finish, so the run "
+            f"{who} of {world} {what} during {call}: the step cannot finish, so the run "
             "stops; `rft train --resume` continues from the newest checkpoint"
         )
         self.rank = rank
@@ -97,7 +110,7 @@ class ProcessLearner:
             placed = dataclasses.replace(placement, learner_device=device)
             init = f"file://{self._rendezvous / 'store'}"
             send(ours, (rank, self.world, init, str(model_dir), config, placed, self.sharded))
-        self.pids = self._gather("start")
+        self.pids = self._gather("start", bounded=False)  # loading a large model takes what it takes
         self.image_token_id: int | None = self._call("image_token_id")[0]
         how = "sharded with FSDP2" if self.sharded else "each holding the whole model"
         log.info("%d learner processes joined (%s), %s", self.world, ", ".join(devices), how)
@@ -174,32 +187,40 @@ class ProcessLearner:
             send(connection, (method, args))
         return self._gather(method)
 
-    def _gather(self, call: str) -> list[Any]:
-        """Every rank's answer to ``call``; on a failure, every process stopped and the failure
-        raised with the rank to blame (:class:`LearnerProcessDied`) or the rank's own error."""
+    @property
+    def quiet_s(self) -> float:
+        """How long a call may go without a word from any rank (an answer, a pass done) before the
+        ranks that have not answered are taken to be hung."""
+        return self.timeout_s + ANSWER_MARGIN_S
+
+    def _gather(self, call: str, *, bounded: bool = True) -> list[Any]:
+        """Every rank's answer to ``call`` (``bounded``: silence bounded by :attr:`quiet_s`); on a
+        failure, every process stopped and the failure raised with the ranks to blame
+        (:class:`LearnerProcessDied`) or the rank's own error."""
         answers: dict[int, Any] = {}
         errors: dict[int, str] = {}
         rank_of = {id(connection): rank for rank, connection in enumerate(self.connections)}
         pending = list(self.connections)
+        quiet = self.quiet_s if bounded else None
         while pending:
-            timeout = _SETTLE_S if errors else None
-            ready = wait(pending, timeout=timeout)
+            ready = wait(pending, timeout=_SETTLE_S if errors else quiet)
             if not ready:
-                break  # the rest did not answer after another rank failed: hung
+                break  # the rest said nothing for too long: hung
             for connection in ready:
                 assert isinstance(connection, Connection)
-                pending.remove(connection)
                 rank = rank_of[id(connection)]
                 try:
                     status, value = receive(connection)
                 except (EOFError, OSError):
-                    errors[rank] = "its connection closed"
+                    status, value = "error", "its connection closed"
+                if status == "progress":  # a pass done: still working
                     continue
+                pending.remove(connection)
                 if status == "ok":
                     answers[rank] = value
                 else:
                     errors[rank] = value
-        if not errors:
+        if not errors and not pending:
             return [answers[rank] for rank in range(self.world)]
         silent = [rank_of[id(connection)] for connection in pending]
         failure = self._failure(call, errors, silent)
@@ -221,6 +242,14 @@ class ProcessLearner:
             if code is not None:
                 what = f"(pid {process.pid}) died ({_exit_cause(code)})"
                 return LearnerProcessDied(rank, self.world, what, call)
+        if silent and not errors:
+            pids = ", ".join(str(self.processes[rank].pid) for rank in silent)
+            what = (
+                f"(pid{'s' if len(silent) > 1 else ''} {pids}) stopped answering (no rank answered or "
+                f"finished a micro-batch for {self.quiet_s:g} s: learner.collective_timeout_s = "
+                f"{self.timeout_s:g} s plus {ANSWER_MARGIN_S:g} s)"
+            )
+            return LearnerProcessDied(silent[0], self.world, what, call, silent)
         if silent:
             what = (
                 f"(pid {self.processes[silent[0]].pid}) stopped answering (the other ranks gave up waiting "
