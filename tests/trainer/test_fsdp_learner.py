@@ -36,7 +36,8 @@ from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import RunState, load_checkpoint, save_checkpoint
 from trainer.learner.learner import Learner
-from trainer.learner.processes import LearnerProcessDied, ProcessLearner
+from trainer.learner.processes import ProcessLearner
+from trainer.learner.rank_processes import LearnerProcessDied
 from trainer.loop import train
 
 # Adam turns a gradient's float rounding (sums in another order across ranks) into up to its whole
@@ -279,8 +280,10 @@ def test_two_sharded_processes_train_a_qwen3_vl_picture_batch_as_one_learner(
 ) -> None:
     sequences, server = picture_sequences
     assert [len(sequence.images) for sequence in sequences] == [3, 3]
-    # A micro-batch per sequence: each rank scores one, pictures on both ranks' passes.
-    config = _config(loss_type="grpo", max_tokens_per_microbatch=1)
+    # A micro-batch per sequence: each rank scores one, pictures on both ranks' passes. LoRA on the
+    # vision tower, its mergers and DeepStack's too: their shards train as one learner's weights.
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "adapt_vision": "all"}
+    config = _config(loss_type="grpo", max_tokens_per_microbatch=1, lora=lora)
     local = Learner(qwen3_vl_dir, config, image_store=server.image_store)
     start = local.adapter_state()
     expected = _steps(local, sequences, range(2))

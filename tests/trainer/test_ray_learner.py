@@ -177,7 +177,7 @@ def test_two_sharded_workers_train_the_adapter_of_one_learner_and_checkpoint_the
     for ours, theirs in zip([*got, *again], [*expected, expected[2]], strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
         assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
-        assert ours["micro_batches"] == theirs["micro_batches"] > 2  # dealt unevenly: a padding pass
+        assert ours["micro_batches"] == theirs["micro_batches"] == 5  # dealt 3 and 2: a padding pass
     reference = local.adapter_state()
     for name, state in {"trained": adapter, "resumed": resumed}.items():
         assert state.keys() == reference.keys()

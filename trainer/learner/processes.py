@@ -27,11 +27,11 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
+import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,8 @@ from trainer.errors import TrainingError
 from trainer.learner.batch_images import scorable as scorable_sequences
 from trainer.learner.batch_images import ship
 from trainer.learner.group import process_devices, shards_learner
-from trainer.learner.process_worker import FD_VARIABLE, receive, send
+from trainer.learner.process_worker import FD_VARIABLE, send
+from trainer.learner.rank_processes import RankProcesses
 from trainer.learner.steps import StepResult
 
 if TYPE_CHECKING:
@@ -52,29 +53,6 @@ if TYPE_CHECKING:
     from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
-_STOP_S = 10.0  # how long a closed learner process has to exit before it is killed
-# After one rank failed, how long the others have to answer before they are taken to be hung.
-_SETTLE_S = 5.0
-# How long after the collective timeout a rank that gave up in a collective has to answer (its error
-# formatted and sent); beyond it, with no rank heard from, every rank that has not answered is hung.
-ANSWER_MARGIN_S = 30.0
-
-
-class LearnerProcessDied(TrainingError):
-    """A learner process died or stopped answering during a call: the step cannot finish."""
-
-    def __init__(self, rank: int, world: int, what: str, call: str, ranks: Sequence[int] = ()) -> None:
-        self.ranks = list(ranks) or [rank]
-        who = (
-            f"learner process {rank}"
-            if len(self.ranks) == 1
-            else "learner processes " + ", ".join(map(str, self.ranks[:-1])) + f" and {self.ranks[-1]}"
-        )
-        super().__init__(
-            f"{who} of {world} {what} during {call}: the step cannot finish, so the run "
-            "stops; `rft train --resume` continues from the newest checkpoint"
-        )
-        self.rank = rank
 
 
 class ProcessLearner:
@@ -96,10 +74,9 @@ class ProcessLearner:
         placement = placement or place(config, node_for(config, detect_gpus()))
         devices = process_devices(config, placement)
         self.world, self.sharded, self.image_store = len(devices), shards_learner(config), image_store
-        self.timeout_s = config.learner.collective_timeout_s
         self._rendezvous = Path(tempfile.mkdtemp(prefix="rftkit-learner-"))
         self.connections: list[Connection] = []
-        self.processes = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         for rank, device in enumerate(devices):
             ours, theirs = multiprocessing.Pipe()
             env = {**os.environ, FD_VARIABLE: str(theirs.fileno())}
@@ -110,7 +87,9 @@ class ProcessLearner:
             placed = dataclasses.replace(placement, learner_device=device)
             init = f"file://{self._rendezvous / 'store'}"
             send(ours, (rank, self.world, init, str(model_dir), config, placed, self.sharded))
-        self.pids = self._gather("start", bounded=False)  # loading a large model takes what it takes
+        self.ranks = RankProcesses(self.processes, self.connections, config.learner.collective_timeout_s)
+        # Not bounded: loading a large model takes what it takes.
+        self.pids = self._answers(lambda: self.ranks.gather("start", bounded=False))
         self.image_token_id: int | None = self._call("image_token_id")[0]
         how = "sharded with FSDP2" if self.sharded else "each holding the whole model"
         log.info("%d learner processes joined (%s), %s", self.world, ", ".join(devices), how)
@@ -167,103 +146,16 @@ class ProcessLearner:
 
     def close(self) -> None:
         """Ask every learner process to exit; kill the ones that do not within a few seconds."""
-        for connection in self.connections:
-            try:
-                send(connection, None)
-            except OSError:  # already gone
-                pass
-            connection.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=_STOP_S)
-            except Exception:
-                process.kill()
-                process.wait()
+        self.ranks.stop()
         shutil.rmtree(self._rendezvous, ignore_errors=True)
 
     def _call(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every rank; their results, rank order."""
-        for connection in self.connections:
-            send(connection, (method, args))
-        return self._gather(method)
+        """``method(*args)`` on every rank; their results, rank order (see :class:`RankProcesses`)."""
+        return self._answers(lambda: self.ranks.call(method, *args))
 
-    @property
-    def quiet_s(self) -> float:
-        """How long a call may go without a word from any rank (an answer, a pass done) before the
-        ranks that have not answered are taken to be hung."""
-        return self.timeout_s + ANSWER_MARGIN_S
-
-    def _gather(self, call: str, *, bounded: bool = True) -> list[Any]:
-        """Every rank's answer to ``call`` (``bounded``: silence bounded by :attr:`quiet_s`); on a
-        failure, every process stopped and the failure raised with the ranks to blame
-        (:class:`LearnerProcessDied`) or the rank's own error."""
-        answers: dict[int, Any] = {}
-        errors: dict[int, str] = {}
-        rank_of = {id(connection): rank for rank, connection in enumerate(self.connections)}
-        pending = list(self.connections)
-        quiet = self.quiet_s if bounded else None
-        while pending:
-            ready = wait(pending, timeout=_SETTLE_S if errors else quiet)
-            if not ready:
-                break  # the rest said nothing for too long: hung
-            for connection in ready:
-                assert isinstance(connection, Connection)
-                rank = rank_of[id(connection)]
-                try:
-                    status, value = receive(connection)
-                except (EOFError, OSError):
-                    status, value = "error", "its connection closed"
-                if status == "progress":  # a pass done: still working
-                    continue
-                pending.remove(connection)
-                if status == "ok":
-                    answers[rank] = value
-                else:
-                    errors[rank] = value
-        if not errors and not pending:
-            return [answers[rank] for rank in range(self.world)]
-        silent = [rank_of[id(connection)] for connection in pending]
-        failure = self._failure(call, errors, silent)
-        for rank in silent:  # hung: it would not exit when asked
-            self.processes[rank].kill()
-        self.close()
-        raise failure
-
-    def _failure(self, call: str, errors: dict[int, str], silent: list[int]) -> TrainingError:
-        """What went wrong: a rank whose process ended, else one that never answered, else the
-        first rank's own error (the same on every rank: a bad batch, a full disk)."""
-        for rank, process in enumerate(self.processes):
-            if rank in errors and "connection closed" in errors[rank]:
-                try:
-                    process.wait(timeout=_STOP_S)
-                except Exception:
-                    continue
-            code = process.poll()
-            if code is not None:
-                what = f"(pid {process.pid}) died ({_exit_cause(code)})"
-                return LearnerProcessDied(rank, self.world, what, call)
-        if silent and not errors:
-            pids = ", ".join(str(self.processes[rank].pid) for rank in silent)
-            what = (
-                f"(pid{'s' if len(silent) > 1 else ''} {pids}) stopped answering (no rank answered or "
-                f"finished a micro-batch for {self.quiet_s:g} s: learner.collective_timeout_s = "
-                f"{self.timeout_s:g} s plus {ANSWER_MARGIN_S:g} s)"
-            )
-            return LearnerProcessDied(silent[0], self.world, what, call, silent)
-        if silent:
-            what = (
-                f"(pid {self.processes[silent[0]].pid}) stopped answering (the other ranks gave up waiting "
-                f"for it in a collective after learner.collective_timeout_s = {self.timeout_s:g} s)"
-            )
-            return LearnerProcessDied(silent[0], self.world, what, call)
-        rank = min(errors)
-        text = errors[rank].strip().splitlines()
-        return TrainingError(
-            f"learner process {rank} of {self.world} failed during {call}: {text[-1]}\n" + errors[rank]
-        )
-
-
-def _exit_cause(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
+    def _answers(self, gather: Callable[[], list[Any]]) -> list[Any]:
+        try:
+            return gather()
+        except TrainingError:  # the processes are stopped: their rendezvous goes too
+            shutil.rmtree(self._rendezvous, ignore_errors=True)
+            raise
