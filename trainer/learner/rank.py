@@ -18,7 +18,7 @@ Two ways to hold the model (``learner.shard``):
   The adapter is gathered whole to publish it; checkpoints hold the sharded optimizer state.
 
 After each micro-batch pass a rank calls ``on_pass``: a learner process tells the trainer it is
-still working (:mod:`trainer.learner.processes` bounds its wait by these signs).
+still working (:mod:`trainer.learner.rank_processes` bounds its wait by these signs).
 """
 
 from __future__ import annotations
