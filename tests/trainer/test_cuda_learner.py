@@ -185,7 +185,7 @@ def test_a_cuda_step_leaves_the_callers_rng_as_it_was(tiny_model_dir: Path) -> N
 
 
 def test_what_a_worker_returns_is_on_the_cpu(tiny_model_dir: Path) -> None:
-    from trainer.learner.distributed import to_cpu
+    from trainer.learner.worker import to_cpu
 
     learner = Learner(tiny_model_dir, _config(), placement=_placement("cuda:0", "bfloat16"))
     sequences = _sequences(learner.model.config.vocab_size, [1.0, -1.0])

@@ -27,6 +27,7 @@ from agents.letters.main import app
 from agents.letters.run_files import serving, write_run_files
 from policy_server import PolicyServer, ServerThread
 from policy_server.engines.hf import HFEngine
+from policy_server.models.families import family
 from tests.process_tree import descendants
 from tests.vision_helpers import picture_episode
 from trainer.algo.grpo import token_logprobs
@@ -35,7 +36,8 @@ from trainer.config import TrainConfig, load_config
 from trainer.errors import TrainingError
 from trainer.learner.checkpoint import RunState, load_checkpoint, save_checkpoint
 from trainer.learner.learner import Learner
-from trainer.learner.processes import LearnerProcessDied, ProcessLearner
+from trainer.learner.processes import ProcessLearner
+from trainer.learner.rank_processes import LearnerProcessDied
 from trainer.loop import train
 
 # Adam turns a gradient's float rounding (sums in another order across ranks) into up to its whole
@@ -249,10 +251,15 @@ JOB = "arn:aws:sagemaker:us-west-2:123456789012:training-job/fsdp-vision"
 RED, BLUE, GREEN = (200, 0, 0), (0, 0, 200), (0, 160, 0)
 
 
+@pytest.fixture(scope="module")
+def qwen3_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return family("qwen3_vl").build_tiny(tmp_path_factory.mktemp("qwen3-vl") / "model")
+
+
 @pytest.fixture
-def picture_sequences(tiny_vision_dir: Path) -> Iterator[tuple[list[TrainingSequence], PolicyServer]]:
-    """Two sampled episodes of the tiny Qwen2-VL, three pictures each, as training sequences."""
-    server = PolicyServer(HFEngine(tiny_vision_dir))
+def picture_sequences(qwen3_vl_dir: Path) -> Iterator[tuple[list[TrainingSequence], PolicyServer]]:
+    """Two sampled episodes of the tiny Qwen3-VL, three pictures each, as training sequences."""
+    server = PolicyServer(HFEngine(qwen3_vl_dir))
     thread = ServerThread(server).start()
     try:
         server.open_job(JOB, max_tokens=5, auto_open_rollouts=True)
@@ -266,22 +273,24 @@ def picture_sequences(tiny_vision_dir: Path) -> Iterator[tuple[list[TrainingSequ
         thread.stop()
 
 
-def test_two_sharded_processes_train_a_picture_batch_as_one_learner(
-    tiny_vision_dir: Path,
+def test_two_sharded_processes_train_a_qwen3_vl_picture_batch_as_one_learner(
+    qwen3_vl_dir: Path,
     picture_sequences: tuple[list[TrainingSequence], PolicyServer],
     processes: list[ProcessLearner],
 ) -> None:
     sequences, server = picture_sequences
     assert [len(sequence.images) for sequence in sequences] == [3, 3]
-    # A micro-batch per sequence: each rank scores one, pictures on both ranks' passes.
-    config = _config(loss_type="grpo", max_tokens_per_microbatch=1)
-    local = Learner(tiny_vision_dir, config, image_store=server.image_store)
+    # A micro-batch per sequence: each rank scores one, pictures on both ranks' passes. LoRA on the
+    # vision tower, its mergers and DeepStack's too: their shards train as one learner's weights.
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "adapt_vision": "all"}
+    config = _config(loss_type="grpo", max_tokens_per_microbatch=1, lora=lora)
+    local = Learner(qwen3_vl_dir, config, image_store=server.image_store)
     start = local.adapter_state()
     expected = _steps(local, sequences, range(2))
     sharded = config.model_copy(
         update={"learner": config.learner.model_copy(update={"processes": 2, "shard": "fsdp"})}
     )
-    learner = ProcessLearner(tiny_vision_dir, sharded, image_store=server.image_store)
+    learner = ProcessLearner(qwen3_vl_dir, sharded, image_store=server.image_store)
     processes.append(learner)
     got = _steps(learner, sequences, range(2))
     for ours, theirs in zip(got, expected, strict=True):

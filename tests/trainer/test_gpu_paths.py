@@ -105,7 +105,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def test_tensors_a_learner_worker_returns_are_on_the_cpu(tmp_path: Path) -> None:
     from trainer.learner.batch_images import ShippedBatch
-    from trainer.learner.distributed import LearnerWorker
+    from trainer.learner.worker import LearnerWorker
 
     worker = LearnerWorker.__new__(LearnerWorker)  # its learner only: no model, no Ray
     worker.learner = _FakeLearner(ImageStore(tmp_path / "images"))  # type: ignore[assignment]

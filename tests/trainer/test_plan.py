@@ -15,7 +15,7 @@ from handlers.cli import main as rft
 from trainer.config import load_config
 from trainer.scale.choices import check, preflight
 from trainer.scale.placement import RAY_REPLICAS, Gpu, Node
-from trainer.scale.plan import PlanError, make_plan, shape_for
+from trainer.scale.plan import PlanError, make_plan, render, shape_for
 
 CONFIGS = Path(__file__).parent / "model_configs"
 NO_GPU_HERE = not torch.cuda.is_available()
@@ -182,3 +182,15 @@ def test_with_ray_the_node_plans_the_learner_alone(tmp_path: Path) -> None:
     assert fitted.placement.engine_device == RAY_REPLICAS and fitted.placement.vllm_devices == []
     (device,) = fitted.devices
     assert device.device == "cuda:0" and all("vLLM" not in item.label for item in device.items)
+    # Sharded, each of the two learner workers holds half the base and of the LoRA state.
+    sharded = make_plan(
+        load_config(
+            path, ["learner.gradient_checkpointing=true", "learner.shard=fsdp", "ray.learner_workers=2"]
+        ),
+        shape_for(config.model),
+        node,
+    )
+    assert sharded.shards == 2 and sharded.devices[0].peak[0] < device.peak[0]
+    where = "learner on cuda:0 of each of 2 Ray learner workers (each holds a 1/2 FSDP2 shard)"
+    assert where in render(sharded)
+    assert any("a 1/2 FSDP2 shard" in item.label for item in sharded.devices[0].items)

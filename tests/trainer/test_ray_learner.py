@@ -1,4 +1,5 @@
-"""Learner workers on a real local Ray cluster: data parallelism that changes nothing, auto-resume.
+"""Learner workers on a real local Ray cluster: data parallelism that changes nothing, sharded or not;
+auto-resume.
 
 One cluster for the module (starting Ray costs seconds); the tiny Llama; gloo on CPU.
 """
@@ -24,6 +25,7 @@ from trainer.algo.grpo import token_logprobs
 from trainer.algo.sequences import TrainingSequence
 from trainer.config import RayConfig, TrainConfig, load_config
 from trainer.errors import TrainingError
+from trainer.learner.checkpoint import RunState, load_checkpoint, save_checkpoint
 from trainer.learner.distributed import ACTOR_PREFIX, RayLearner, alive_node_resources, train_with_auto_resume
 from trainer.learner.learner import Learner
 from trainer.learner.worker_devices import worker_devices
@@ -105,9 +107,11 @@ def test_the_local_clusters_workers_run_at_the_drivers_priority(ray_cluster: Non
     assert ray.get(_niceness.remote()) == os.nice(0)
 
 
-def _two_steps(learner: Learner | RayLearner, sequences: list[TrainingSequence]) -> list[dict[str, float]]:
+def _steps(
+    learner: Learner | RayLearner, sequences: list[TrainingSequence], steps: range = range(2)
+) -> list[dict[str, float]]:
     metrics = []
-    for step in range(2):
+    for step in steps:
         old = learner.old_logprobs(sequences)
         metrics.append(learner.train_step(sequences, seed=100 + step, old_logprobs=old).metrics)
     return metrics
@@ -118,12 +122,12 @@ def test_one_and_two_workers_end_with_the_adapter_of_one_process(
 ) -> None:
     local = Learner(tiny_model_dir, _config(1))
     sequences = _sequences(local, 6)
-    expected = _two_steps(local, sequences)
+    expected = _steps(local, sequences)
     assert expected[0]["micro_batches"] > 2  # shared unevenly by two workers
     for workers in (1, 2):
         learner = RayLearner(tiny_model_dir, _config(workers))
         try:
-            got = _two_steps(learner, sequences)
+            got = _steps(learner, sequences)
             adapter = learner.adapter_state()
         finally:
             learner.close()
@@ -140,6 +144,49 @@ def test_one_and_two_workers_end_with_the_adapter_of_one_process(
     # The test would see a learner that does not train: two steps at lr 1e-2 move the weights.
     initial = Learner(tiny_model_dir, _config(1)).adapter_state()
     assert max(float((initial[n] - v).abs().max()) for n, v in local.adapter_state().items()) > 1e-3
+
+
+@pytest.mark.slow
+def test_two_sharded_workers_train_the_adapter_of_one_learner_and_checkpoint_their_shards(
+    tiny_model_dir: Path, tmp_path: Path, ray_cluster: None
+) -> None:
+    # Adam turns float rounding (sums in another order) into up to its whole step where a gradient is
+    # near zero: a small learning rate keeps that under 1e-6, as in test_fsdp_learner.
+    plain = _config(1).model_copy(update={"learning_rate": 2e-4})
+    local = Learner(tiny_model_dir, plain)
+    start, sequences = local.adapter_state(), _sequences(local, 6)
+    expected = _steps(local, sequences, range(2))
+    sharded = plain.model_copy(
+        update={
+            "learner": plain.learner.model_copy(update={"shard": "fsdp"}),
+            "ray": RayConfig(learner_workers=2),
+        }
+    )
+    learner = RayLearner(tiny_model_dir, sharded)
+    try:
+        got = _steps(learner, sequences, range(1))
+        checkpoint = save_checkpoint(tmp_path, RunState(step=1), learner, keep=1)
+        got += _steps(learner, sequences, range(1, 2))
+        adapter = learner.adapter_state()
+        # Back to step 1 from the workers' shards (sent through Ray), and step 2 again.
+        assert load_checkpoint(checkpoint, learner).state.step == 1
+        again = _steps(learner, sequences, range(1, 2))
+        resumed = learner.adapter_state()
+    finally:
+        learner.close()
+    for ours, theirs in zip([*got, *again], [*expected, expected[1]], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+        assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
+        assert ours["micro_batches"] == theirs["micro_batches"] == 5  # dealt 3 and 2: a padding pass
+    reference = local.adapter_state()
+    for name, state in {"trained": adapter, "resumed": resumed}.items():
+        assert state.keys() == reference.keys()
+        moved = max(float((reference[key] - value).abs().max()) for key, value in state.items())
+        assert moved <= 1e-6, f"the {name} sharded adapter differs from one learner's by {moved}"
+    assert max(float((start[key] - value).abs().max()) for key, value in reference.items()) > 1e-4
+    # The checkpoint holds each worker's shard of the LoRA weights and AdamW's moments, written here.
+    files = sorted(path.name for path in (checkpoint / "sharded").iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
 
 def _kill_learner_worker(run_dir: Path, rank: int, times: int, done: threading.Event) -> None:

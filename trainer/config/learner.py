@@ -47,11 +47,12 @@ class LearnerConfig(_Section):
     )
     shard: Literal["auto", "off", "fsdp"] = Field(
         default="auto",
-        description="Whether the learner's processes shard the frozen base model and the LoRA "
-        "parameters with torch FSDP2 (fully_shard: each process holds a shard, forward and backward "
-        "gather one decoder layer at a time): 'fsdp' always, 'off' never (each process holds the whole "
-        "model: plain data parallel), 'auto' when the learner has several processes and the model does "
-        "not fit one device beside its update, as `rft plan` counts it.",
+        description="Whether the learner's processes (with a ray section, its learner workers) shard "
+        "the frozen base model and the LoRA parameters with torch FSDP2 (fully_shard: each process "
+        "holds a shard, forward and backward gather one decoder layer at a time): 'fsdp' always, 'off' "
+        "never (each process holds the whole model: plain data parallel), 'auto' when the learner has "
+        "several processes on this node and the model does not fit one device beside its update, as "
+        "`rft plan` counts it (with a ray section, 'auto' keeps the whole model on every worker).",
     )
     collective_timeout_s: float = Field(
         default=600.0,
@@ -60,5 +61,7 @@ class LearnerConfig(_Section):
         "reduce-scatter, an all-reduce) for the other learner processes before the step fails with a "
         "sentence naming the rank that died or did not answer, instead of waiting forever. It bounds "
         "the gap between two ranks reaching the same collective, so it must exceed the slowest "
-        "micro-batch's forward and backward.",
+        "micro-batch's forward and backward. The trainer waits for learner processes that all went "
+        "silent (no answer, no micro-batch finished) this long plus 30 s, then ends the step naming "
+        "them.",
     )

@@ -72,10 +72,11 @@ class RayConfig(_Section):
         default=1,
         ge=1,
         description="Data-parallel learner workers, each a Ray actor holding the model and LoRA on one "
-        "device: one GPU each when learner.device is cuda, or auto and the nodes the workers may run "
-        "on (learner_resources) have GPUs, whatever the driver's node has; else CPUs. A step's "
-        "micro-batches are shared out and the LoRA gradients all-reduced (torch.distributed: NCCL on "
-        "CUDA, gloo on CPU), so any count trains the same adapter as one.",
+        "device (with learner.shard: fsdp, an FSDP2 shard of them): one GPU each when learner.device "
+        "is cuda, or auto and the nodes the workers may run on (learner_resources) have GPUs, whatever "
+        "the driver's node has; else CPUs. A step's micro-batches are shared out and the LoRA "
+        "gradients summed across the workers (torch.distributed: NCCL on CUDA, gloo on CPU), so any "
+        "count trains the same adapter as one.",
     )
     learner_num_cpus: float = Field(
         default=1.0,

@@ -2,15 +2,20 @@
 
 With a ``ray`` section in the config, the learner is :class:`RayLearner`: ``ray.learner_workers``
 Ray actors, each holding the model and its LoRA adapter on one device, joined in one
-``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU). Each worker is a
-:class:`~trainer.learner.rank.RankLearner` (the micro-batches dealt round-robin, the losses scaled by
-the whole batch's counts, the LoRA gradients all-reduced), so every worker clips and steps
-identically and their adapters stay equal; rank 0 hands out the adapter and the optimizer state.
-:class:`LearnerWorker` is also the body of a learner process on one node without Ray
-(:mod:`trainer.learner.processes`), where the model may be sharded.
+``torch.distributed`` group (NCCL when the learner's device is CUDA, gloo on CPU; rendezvous on
+the first worker's node address and a free port). Each worker is a
+:class:`~trainer.learner.worker.LearnerWorker` holding a :class:`~trainer.learner.rank.RankLearner`
+(the micro-batches dealt round-robin, the losses scaled by the whole batch's counts), as a learner
+process of one node without Ray is (:mod:`trainer.learner.processes`). With ``learner.shard: off``
+every worker holds the whole model, the LoRA gradients are all-reduced, every worker clips and steps
+identically and rank 0 hands out the adapter and the optimizer state. With ``learner.shard: fsdp``
+each worker holds an FSDP2 shard of the frozen base and of the adapter: every worker takes part in
+gathering the adapter (rank 0 hands it out), and a checkpoint holds each worker's shard of the
+optimizer state.
 
-Files never have to be shared between nodes: adapters and optimizer state travel as bytes and tensors
-through Ray, and a batch's images with the batch, so the workers may run on any node of the cluster.
+Files never have to be shared between nodes: adapters, optimizer state and a sharded checkpoint's
+files travel as bytes and tensors through Ray, and a batch's images with the batch, so the workers
+may run on any node of the cluster.
 
 A worker that dies (its process killed, its node lost) fails the step with
 :class:`LearnerWorkerDied`; :func:`train_with_auto_resume` then restarts the run from its newest
@@ -24,8 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import socket
-import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,10 +39,10 @@ import torch
 from policy_server import ImageStore
 from trainer.algo.sequences import TrainingSequence
 from trainer.errors import TrainingError
-from trainer.learner.batch_images import ShippedBatch, received, scorable, ship
-from trainer.learner.group import join_group, shards_learner
-from trainer.learner.rank import RankLearner
+from trainer.learner.batch_images import scorable, ship
+from trainer.learner.group import shards_learner
 from trainer.learner.steps import StepResult
+from trainer.learner.worker import LearnerWorker, read_files, write_files
 from trainer.learner.worker_devices import wait_for_workers, worker_devices
 
 if TYPE_CHECKING:
@@ -80,113 +83,6 @@ def alive_node_resources() -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
 
 
-def to_cpu(value: Any) -> Any:
-    """``value`` with every tensor in it (dicts, lists, tuples, nested) moved to the CPU, detached.
-
-    What a worker returns crosses to the Ray driver: a CUDA tensor there cannot be unpickled without
-    CUDA, and with CUDA it lands on the learner's GPU as a copy. CPU tensors are returned as they are.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu() if value.device.type != "cpu" else value
-    if isinstance(value, dict):
-        return {key: to_cpu(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(to_cpu(item) for item in value)
-    return value
-
-
-def _adapter_files(directory: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in directory.iterdir() if path.is_file()}
-
-
-def _write_files(files: dict[str, bytes], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (directory / name).write_bytes(data)
-    return directory
-
-
-class LearnerWorker:
-    """One rank's learner on its device: a Ray actor (see :class:`RayLearner`), or the body of a
-    learner process on this node (:mod:`trainer.learner.process_worker`). ``sharded``: the model is
-    sharded with FSDP2 (:mod:`trainer.learner.rank`)."""
-
-    def __init__(
-        self,
-        model_dir: str,
-        config: TrainConfig,
-        placement: Placement,
-        rank: int,
-        world: int,
-        *,
-        sharded: bool = False,
-    ) -> None:
-        self.rank, self.world, self.sharded = rank, world, sharded
-        self._build = (model_dir, config, placement)
-        self.learner: RankLearner  # built by join: a sharded model is split over the group as it loads
-
-    def rendezvous(self) -> tuple[str, int]:
-        """This node's address and a free port for the group's TCP store (asked of rank 0)."""
-        import ray
-
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            return host, int(probe.getsockname()[1])
-
-    def join(self, init_method: str) -> None:
-        """Join the process group, build this rank's learner, and (each rank holding the whole
-        model) take rank 0's adapter so every rank starts from the same one."""
-        import torch.distributed as dist
-
-        model_dir, config, placement = self._build
-        device = torch.device(placement.learner_device)
-        join_group(device, init_method, self.rank, self.world, config.learner.collective_timeout_s)
-        self.learner = RankLearner(model_dir, config, placement, self.rank, self.world, sharded=self.sharded)
-        if not self.sharded:  # sharded, every rank holds its slice of the same seeded start
-            for parameter in self.learner.trainable:
-                dist.broadcast(parameter.data, src=0)
-
-    def image_token_id(self) -> int | None:  # None for a text model
-        return None if self.learner.vision is None else self.learner.vision.image_token_id
-
-    def train_step(
-        self, batch: ShippedBatch, seed: int | None, old_logprobs: list[torch.Tensor] | None
-    ) -> StepResult:
-        with received(batch, self.learner.images) as sequences:
-            return self.learner.train_step(sequences, seed=seed, old_logprobs=old_logprobs)
-
-    def shard_old_logprobs(self, batch: ShippedBatch) -> dict[int, torch.Tensor]:
-        with received(batch, self.learner.images) as sequences:
-            return to_cpu(self.learner.shard_old_logprobs(sequences))
-
-    def adapter_files(self) -> dict[str, bytes]:
-        with tempfile.TemporaryDirectory() as directory:
-            return _adapter_files(self.learner.save_adapter(Path(directory) / "adapter"))
-
-    def adapter_state(self) -> dict[str, torch.Tensor]:
-        return to_cpu(self.learner.adapter_state())
-
-    def training_state(self) -> dict[str, Any]:
-        return to_cpu(self.learner.training_state())
-
-    def restore(self, files: dict[str, bytes], training_state: dict[str, Any]) -> None:
-        with tempfile.TemporaryDirectory() as directory:
-            self.learner.restore(_write_files(files, Path(directory)), training_state)
-
-    def save_adapter(self, directory: str) -> None:
-        """Write the adapter to ``directory`` (rank 0 alone where the model is sharded; every rank
-        takes part in gathering it)."""
-        if self.sharded or self.rank == 0:
-            self.learner.save_adapter(directory)
-
-    def save_sharded_state(self, directory: str) -> None:
-        self.learner.save_sharded_state(Path(directory))
-
-    def restore_sharded(self, directory: str, training_state: dict[str, Any]) -> None:
-        self.learner.restore_sharded(Path(directory), training_state)
-
-
 class RayLearner:
     """The learner of :mod:`trainer.learner.learner` as ``ray.learner_workers`` data-parallel Ray actors.
 
@@ -211,13 +107,6 @@ class RayLearner:
         settings = config.ray
         if settings is None:
             raise ValueError("RayLearner needs the config's ray section")
-        if shards_learner(config):
-            raise TrainingError(
-                "learner.shard: fsdp with a ray section is not built yet (a sharded checkpoint needs a "
-                "filesystem every learner worker's node shares): set learner.shard: off for data-parallel "
-                "Ray learner workers, or drop the ray section to shard the learner over this node's "
-                "learner processes (learner.processes)"
-            )
         placement = placement or place(config, node_for(config, detect_gpus()))
         # The workers' device comes from the cluster's nodes: the driver may sit on a GPU-less head.
         chosen = worker_devices(config, alive_node_resources())
@@ -227,7 +116,7 @@ class RayLearner:
             placement, learner_device=worker_device(chosen.device), learner_dtype=chosen.dtype
         )
         self.id, self.image_store = uuid.uuid4().hex[:8], image_store
-        world = settings.learner_workers
+        world, self.sharded = settings.learner_workers, shards_learner(config)
         self.names = [f"{ACTOR_PREFIX}-{self.id}-{rank}" for rank in range(world)]
         actor = ray.remote(LearnerWorker)
         self.workers: list[Any] = [  # Ray actor handles
@@ -237,14 +126,15 @@ class RayLearner:
                 num_gpus=chosen.gpus_each,
                 resources=settings.learner_resources,
                 max_restarts=0,
-            ).remote(str(model_dir), config, placed, rank, world)
+            ).remote(str(model_dir), config, placed, rank, world, sharded=self.sharded)
             for rank, name in enumerate(self.names)
         ]
         wait_for_workers(self.workers, config, chosen, alive_node_resources)
         host, port = self._call([self.workers[0].rendezvous.remote()])[0]
         self._call([worker.join.remote(f"tcp://{host}:{port}") for worker in self.workers])
         self.image_token_id: int | None = self._call([self.workers[0].image_token_id.remote()])[0]
-        log.info("%d learner workers joined (%s backend)", world, "nccl" if cuda else "gloo")
+        how = "sharded with FSDP2" if self.sharded else "each holding the whole model"
+        log.info("%d learner workers joined (%s backend), %s", world, "nccl" if cuda else "gloo", how)
 
     def train_step(
         self,
@@ -279,18 +169,40 @@ class RayLearner:
 
     def save_adapter(self, directory: str | Path) -> Path:
         """Rank 0's adapter, written in peft format to ``directory`` on this machine."""
-        return _write_files(self._call([self.workers[0].adapter_files.remote()])[0], Path(directory))
+        return write_files(self._first("adapter_files"), Path(directory))
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
-        return self._call([self.workers[0].adapter_state.remote()])[0]
+        result: dict[str, torch.Tensor] = self._first("adapter_state")
+        return result
 
     def training_state(self) -> dict[str, Any]:
         return self._call([self.workers[0].training_state.remote()])[0]
 
     def restore(self, adapter_dir: str | Path, training_state: dict[str, Any]) -> None:
         """Every worker loads the adapter in ``adapter_dir`` (read here) and the training state."""
-        files = _adapter_files(Path(adapter_dir))
+        files = read_files(Path(adapter_dir))
         self._call([worker.restore.remote(files, training_state) for worker in self.workers])
+
+    def save_sharded_state(self, directory: Path) -> None:
+        """Every worker's shard of the LoRA weights and the optimizer state, written to ``directory``
+        on this machine (each worker's files come through Ray: no filesystem in common needed)."""
+        if not self.sharded:  # every worker holds the same state: the training state has it whole
+            return
+        for files in self._call([worker.sharded_state_files.remote() for worker in self.workers]):
+            write_files(files, Path(directory))
+
+    def restore_sharded(self, directory: Path, training_state: dict[str, Any]) -> None:
+        """Every worker reads its shard of a sharded checkpoint (written by any number of ranks)."""
+        import ray
+
+        files = ray.put(read_files(Path(directory)))  # once, for every worker
+        self._call([worker.restore_sharded_files.remote(files, training_state) for worker in self.workers])
+
+    def _first(self, method: str) -> Any:
+        """Rank 0's result of ``method``: asked of rank 0 alone where every worker holds the whole
+        model, of every worker where the model is sharded (gathering it is a collective)."""
+        workers = self.workers if self.sharded else self.workers[:1]
+        return self._call([getattr(worker, method).remote() for worker in workers])[0]
 
     def close(self) -> None:
         """Stop every worker (a survivor may be blocked in a collective its dead peer never joins)."""

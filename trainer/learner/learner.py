@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -222,7 +222,9 @@ class Learner:
         """Spread the model over a process group before the optimizer takes its parameters: nothing
         here; a sharded learner's rank shards it (:mod:`trainer.learner.rank`)."""
 
-    def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
+    def _shard(
+        self, micro_batches: list[list[TrainingSequence]]
+    ) -> Iterable[tuple[int, list[TrainingSequence]]]:
         """The micro-batches this process computes, with their index in the step: all of them here;
         a data-parallel worker (:mod:`trainer.learner.distributed`) takes its share."""
         return list(enumerate(micro_batches))

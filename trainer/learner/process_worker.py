@@ -4,8 +4,9 @@
 It reads its orders from the connection whose file descriptor ``RFTKIT_LEARNER_FD`` names (one end
 of a socket pair the trainer holds the other end of): first ``(rank, world, init_method, model_dir,
 config, placement, sharded)``, then ``(method, args)`` calls on its
-:class:`~trainer.learner.distributed.LearnerWorker` (the Ray learner worker's body), each answered
-``("ok", result)`` or ``("error", text)``, until ``None`` or the connection closes. Between calls
+:class:`~trainer.learner.worker.LearnerWorker` (the Ray learner worker's body), each answered
+``("ok", result)`` or ``("error", text)`` after a ``("progress", None)`` for each micro-batch pass
+done, until ``None`` or the connection closes. Between calls
 it waits on the connection, never in a collective, so a long rollout phase meets no timeout.
 """
 
@@ -58,7 +59,7 @@ def _threads(world: int) -> None:
 
 
 def _serve(connection: Connection) -> None:
-    from trainer.learner.distributed import LearnerWorker, to_cpu
+    from trainer.learner.worker import LearnerWorker, to_cpu
 
     rank, world, init_method, model_dir, config, placement, sharded = receive(connection)
     logging.basicConfig(
@@ -73,6 +74,8 @@ def _serve(connection: Connection) -> None:
         send(connection, ("error", traceback.format_exc()))
         return
     send(connection, ("ok", os.getpid()))
+    # Each micro-batch pass done tells the trainer this rank still works (it bounds its wait by these).
+    worker.on_pass(lambda: send(connection, ("progress", None)))
     while True:
         order: tuple[str, tuple[Any, ...]] | None = receive(connection)
         if order is None:

@@ -7,10 +7,14 @@ learner process, rank 0 included; the trainer's own process holds no part of the
 trainer never waits inside a collective: it sends each call to every rank over a socket pair and
 watches the answers and the processes, which is how it names a rank that died (its process ended)
 or hung (the others' collectives gave up after ``learner.collective_timeout_s`` and it never
-answered). On the GPU the trainer keeps no CUDA context of the learner's, and the learner's memory
-is the learner processes' alone.
+answered). Every rank hung at once leaves no rank to give up: a working rank reports each
+micro-batch pass, a rank waiting in a collective answers within the collective timeout, so a call
+during which no rank is heard from for ``learner.collective_timeout_s`` plus a margin ends naming
+the ranks that did not answer (loading the model, before the first call, is not bounded). On the
+GPU the trainer keeps no CUDA context of the learner's, and the learner's memory is the learner
+processes' alone.
 
-Each rank runs the Ray learner worker's body (:class:`trainer.learner.distributed.LearnerWorker`):
+Each rank runs the Ray learner worker's body (:class:`trainer.learner.worker.LearnerWorker`):
 the micro-batches dealt round-robin, the model whole (``learner.shard: off``, gradients all-reduced)
 or sharded with FSDP2 (``fsdp``, :mod:`trainer.learner.rank`). A sharded learner's checkpoint holds
 its optimizer state as each rank's shard (torch's distributed checkpoint), written by every rank
@@ -23,11 +27,11 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
+import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +43,8 @@ from trainer.errors import TrainingError
 from trainer.learner.batch_images import scorable as scorable_sequences
 from trainer.learner.batch_images import ship
 from trainer.learner.group import process_devices, shards_learner
-from trainer.learner.process_worker import FD_VARIABLE, receive, send
+from trainer.learner.process_worker import FD_VARIABLE, send
+from trainer.learner.rank_processes import RankProcesses
 from trainer.learner.steps import StepResult
 
 if TYPE_CHECKING:
@@ -48,20 +53,6 @@ if TYPE_CHECKING:
     from trainer.scale.placement import Placement
 
 log = logging.getLogger(__name__)
-_STOP_S = 10.0  # how long a closed learner process has to exit before it is killed
-# After one rank failed, how long the others have to answer before they are taken to be hung.
-_SETTLE_S = 5.0
-
-
-class LearnerProcessDied(TrainingError):
-    """A learner process died or stopped answering during a call: the step cannot finish."""
-
-    def __init__(self, rank: int, world: int, what: str, call: str) -> None:
-        super().__init__(
-            f"learner process {rank} of {world} {what} during {call}: the step cannot finish, so the run "
-            "stops; `rft train --resume` continues from the newest checkpoint"
-        )
-        self.rank = rank
 
 
 class ProcessLearner:
@@ -83,10 +74,9 @@ class ProcessLearner:
         placement = placement or place(config, node_for(config, detect_gpus()))
         devices = process_devices(config, placement)
         self.world, self.sharded, self.image_store = len(devices), shards_learner(config), image_store
-        self.timeout_s = config.learner.collective_timeout_s
         self._rendezvous = Path(tempfile.mkdtemp(prefix="rftkit-learner-"))
         self.connections: list[Connection] = []
-        self.processes = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         for rank, device in enumerate(devices):
             ours, theirs = multiprocessing.Pipe()
             env = {**os.environ, FD_VARIABLE: str(theirs.fileno())}
@@ -97,7 +87,9 @@ class ProcessLearner:
             placed = dataclasses.replace(placement, learner_device=device)
             init = f"file://{self._rendezvous / 'store'}"
             send(ours, (rank, self.world, init, str(model_dir), config, placed, self.sharded))
-        self.pids = self._gather("start")
+        self.ranks = RankProcesses(self.processes, self.connections, config.learner.collective_timeout_s)
+        # Not bounded: loading a large model takes what it takes.
+        self.pids = self._answers(lambda: self.ranks.gather("start", bounded=False))
         self.image_token_id: int | None = self._call("image_token_id")[0]
         how = "sharded with FSDP2" if self.sharded else "each holding the whole model"
         log.info("%d learner processes joined (%s), %s", self.world, ", ".join(devices), how)
@@ -154,87 +146,16 @@ class ProcessLearner:
 
     def close(self) -> None:
         """Ask every learner process to exit; kill the ones that do not within a few seconds."""
-        for connection in self.connections:
-            try:
-                send(connection, None)
-            except OSError:  # already gone
-                pass
-            connection.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=_STOP_S)
-            except Exception:
-                process.kill()
-                process.wait()
+        self.ranks.stop()
         shutil.rmtree(self._rendezvous, ignore_errors=True)
 
     def _call(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every rank; their results, rank order."""
-        for connection in self.connections:
-            send(connection, (method, args))
-        return self._gather(method)
+        """``method(*args)`` on every rank; their results, rank order (see :class:`RankProcesses`)."""
+        return self._answers(lambda: self.ranks.call(method, *args))
 
-    def _gather(self, call: str) -> list[Any]:
-        """Every rank's answer to ``call``; on a failure, every process stopped and the failure
-        raised with the rank to blame (:class:`LearnerProcessDied`) or the rank's own error."""
-        answers: dict[int, Any] = {}
-        errors: dict[int, str] = {}
-        rank_of = {id(connection): rank for rank, connection in enumerate(self.connections)}
-        pending = list(self.connections)
-        while pending:
-            timeout = _SETTLE_S if errors else None
-            ready = wait(pending, timeout=timeout)
-            if not ready:
-                break  # the rest did not answer after another rank failed: hung
-            for connection in ready:
-                assert isinstance(connection, Connection)
-                pending.remove(connection)
-                rank = rank_of[id(connection)]
-                try:
-                    status, value = receive(connection)
-                except (EOFError, OSError):
-                    errors[rank] = "its connection closed"
-                    continue
-                if status == "ok":
-                    answers[rank] = value
-                else:
-                    errors[rank] = value
-        if not errors:
-            return [answers[rank] for rank in range(self.world)]
-        silent = [rank_of[id(connection)] for connection in pending]
-        failure = self._failure(call, errors, silent)
-        for rank in silent:  # hung: it would not exit when asked
-            self.processes[rank].kill()
-        self.close()
-        raise failure
-
-    def _failure(self, call: str, errors: dict[int, str], silent: list[int]) -> TrainingError:
-        """What went wrong: a rank whose process ended, else one that never answered, else the
-        first rank's own error (the same on every rank: a bad batch, a full disk)."""
-        for rank, process in enumerate(self.processes):
-            if rank in errors and "connection closed" in errors[rank]:
-                try:
-                    process.wait(timeout=_STOP_S)
-                except Exception:
-                    continue
-            code = process.poll()
-            if code is not None:
-                what = f"(pid {process.pid}) died ({_exit_cause(code)})"
-                return LearnerProcessDied(rank, self.world, what, call)
-        if silent:
-            what = (
-                f"(pid {self.processes[silent[0]].pid}) stopped answering (the other ranks gave up waiting "
-                f"for it in a collective after learner.collective_timeout_s = {self.timeout_s:g} s)"
-            )
-            return LearnerProcessDied(silent[0], self.world, what, call)
-        rank = min(errors)
-        text = errors[rank].strip().splitlines()
-        return TrainingError(
-            f"learner process {rank} of {self.world} failed during {call}: {text[-1]}\n" + errors[rank]
-        )
-
-
-def _exit_cause(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
+    def _answers(self, gather: Callable[[], list[Any]]) -> list[Any]:
+        try:
+            return gather()
+        except TrainingError:  # the processes are stopped: their rendezvous goes too
+            shutil.rmtree(self._rendezvous, ignore_errors=True)
+            raise

@@ -16,12 +16,15 @@ Two ways to hold the model (``learner.shard``):
   on the shards. Every rank must run the same collectives, so a rank dealt fewer micro-batches than
   another runs extra passes (on a micro-batch of the step, loss times zero) that only keep it in step.
   The adapter is gathered whole to publish it; checkpoints hold the sharded optimizer state.
+
+After each micro-batch pass a rank calls ``on_pass``: a learner process tells the trainer it is
+still working (:mod:`trainer.learner.rank_processes` bounds its wait by these signs).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +57,7 @@ class RankLearner(Learner):
         sharded: bool,
     ) -> None:
         self.rank, self.world, self.sharded = rank, world, sharded
+        self.on_pass: Callable[[], None] = _nothing  # called after each micro-batch pass
         self._root: torch.nn.Module | None = None
         # The images of the call in progress, on this rank's node (the driver's may be out of reach).
         self.images = ImageStore.temporary()
@@ -77,7 +81,14 @@ class RankLearner(Learner):
             return super().token_logprobs(batch, vision)
         return self._root(batch, vision)
 
-    def _shard(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
+    def _shard(
+        self, micro_batches: list[list[TrainingSequence]]
+    ) -> Iterator[tuple[int, list[TrainingSequence]]]:
+        for dealt in self._dealt(micro_batches):
+            yield dealt
+            self.on_pass()  # the pass is done (the loop asks for the next one)
+
+    def _dealt(self, micro_batches: list[list[TrainingSequence]]) -> list[tuple[int, list[TrainingSequence]]]:
         mine = [(index, micro_batches[index]) for index in range(self.rank, len(micro_batches), self.world)]
         if not self.sharded or not micro_batches:
             return mine
@@ -175,6 +186,10 @@ class RankLearner(Learner):
         self.scheduler.load_state_dict(training_state["scheduler"])
         self.steps_done = int(training_state["steps_done"])
         self.steps_skipped = int(training_state["steps_skipped"])
+
+
+def _nothing() -> None:
+    """``on_pass`` where nobody listens (a Ray learner worker)."""
 
 
 def _all_reduce_sum(parameters: Sequence[torch.Tensor]) -> None:

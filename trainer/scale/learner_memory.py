@@ -20,10 +20,13 @@ GATHERED_LAYERS = 2
 
 
 def shards(config: TrainConfig, placement: Placement) -> int:
-    """How many shards the base model is split into: the learner's processes under ``learner.shard:
-    fsdp`` ('auto' is resolved by :func:`trainer.scale.choices.resolve` before a run and counts as
-    unsharded here), else 1 (each process holds the whole model)."""
-    return len(placement.learner_process_devices) if config.learner.shard == "fsdp" else 1
+    """How many shards the base model is split into: the learner's processes (with a ``ray``
+    section, its learner workers, each planned like this node's learner process) under
+    ``learner.shard: fsdp`` ('auto' is resolved by :func:`trainer.scale.choices.resolve` before a run
+    and counts as unsharded here), else 1 (each process holds the whole model)."""
+    if config.learner.shard != "fsdp":
+        return 1
+    return config.ray.learner_workers if config.ray is not None else len(placement.learner_process_devices)
 
 
 def learner_items(config: TrainConfig, shape: ModelShape, placement: Placement, device: str) -> list[Item]:

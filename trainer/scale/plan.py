@@ -220,6 +220,9 @@ def render(plan: Plan) -> str:
 
 def _learner_where(plan: Plan) -> str:
     devices = plan.placement.learner_process_devices
+    if len(devices) == 1 and plan.shards > 1:  # Ray's learner workers, one GPU each
+        workers = f"{plan.shards} Ray learner workers"
+        return f"{devices[0]} of each of {workers} (each holds a 1/{plan.shards} FSDP2 shard)"
     if len(devices) == 1:
         return devices[0]
     how = f"a 1/{plan.shards} FSDP2 shard" if plan.shards > 1 else "the whole model"
