@@ -17,24 +17,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations=0,
 # docs/development.md):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # 349: the visual quick run on Ray, its warm start ~175 of it
-    "trainer/test_family_matrix.py",  # 251: five warm starts, five hf and three vLLM GRPO runs
-    "trainer/test_demo.py",  # 157
-    "trainer/test_resume.py",  # 94
-    "policy_server/test_vllm_attach.py",  # 87 (two vLLM starts)
-    "trainer/test_fsdp_learner.py",  # 85: two- and one-process learners, a killed and a hung rank
-    "trainer/test_smollm2_training.py",  # 83
-    "bench/test_device_check.py",  # 81
-    "policy_server/test_vllm_engine.py",  # 74 (two vLLM starts)
-    "policy_server/test_vllm_qwen3_vl.py",  # 66
-    "policy_server/test_vllm_vision.py",  # 64
-    "trainer/test_ray_learner.py",  # 63
-    "trainer/test_family_matrix_maze.py",  # 58: one warm start, an hf and a vLLM GRPO run
-    "trainer/test_ray_replicas.py",  # 51
-    "policy_server/test_smollm2.py",  # 47
+    "trainer/test_demo_vision.py",  # 343: the visual quick run on Ray, its warm start ~175 of it
+    "trainer/test_demo.py",  # 211 (148 alone: the Ray run beside it takes more than its core)
+    "trainer/test_family_matrix.py",  # 166: five warm starts, five hf and three vLLM GRPO runs
+    "trainer/test_resume.py",  # 86
+    "trainer/test_fsdp_learner.py",  # 78: two- and one-process learners, a killed and a hung rank
+    "trainer/test_ray_learner.py",  # 75
+    "trainer/test_smollm2_training.py",  # 74
+    "policy_server/test_vllm_vision.py",  # 72
+    "policy_server/test_vllm_attach.py",  # 70 (two vLLM starts)
+    "policy_server/test_vllm_engine.py",  # 70 (two vLLM starts)
+    "policy_server/test_vllm_qwen3_vl.py",  # 69
+    "bench/test_device_check.py",  # 68
+    "trainer/test_ray_replicas.py",  # 47
+    "trainer/test_family_matrix_maze.py",  # 43: one warm start, an hf and a vLLM GRPO run
+    "policy_server/test_smollm2.py",  # 38
     "policy_server/test_engines_tool_calls.py",  # 34
-    "trainer/test_export_vllm.py",  # 33
-    "policy_server/test_vllm_reasoning.py",  # 32
+    "trainer/test_train_integration.py",  # 34
+    "trainer/test_export_vllm.py",  # 31
+    "policy_server/test_vllm_reasoning.py",  # 28
+    "policy_server/test_gemma4_serving.py",  # 28
 )
 
 
