@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 import weakref
 from pathlib import Path
 
@@ -40,8 +41,9 @@ class ImageStore:
 
     @classmethod
     def temporary(cls) -> ImageStore:
-        """A store in a new temporary directory, removed when the store is garbage-collected."""
-        store = cls(tempfile.mkdtemp(prefix="rftkit-images-"))
+        """A store in a fresh temporary directory, made by its first image (so a text-only server,
+        even one killed, leaves nothing behind) and removed when the store is garbage-collected."""
+        store = cls(Path(tempfile.gettempdir()) / f"rftkit-images-{uuid.uuid4().hex}")
         weakref.finalize(store, shutil.rmtree, str(store.root), True)
         return store
 

@@ -56,8 +56,9 @@ def _share_the_cores() -> None:
     wait on each other at every barrier, and a step of the visual warm start took 2.6 times as long
     as on one thread a worker (docs/development.md). So torch computes on as many threads as the
     worker's share holds, the processes a test starts (agents, Ray's workers) inherit that through
-    ``OMP_NUM_THREADS``, and a vLLM server binds to the share's cores instead of every server taking
-    core 0. It changes no result: with it the suite passed unchanged, the visual quick run's
+    ``OMP_NUM_THREADS``, a vLLM server too (a server that runs its worker in a process of its own,
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1``, binds it to the share's cores instead of every server
+    taking core 0). It changes no result: with it the suite passed unchanged, the visual quick run's
     figures equal to the bit (docs/development.md).
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER")

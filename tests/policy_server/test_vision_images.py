@@ -4,6 +4,7 @@ with a sentence; images are stored once per content and removed with the last tr
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 from pathlib import Path
 
@@ -95,3 +96,15 @@ def test_store_keeps_one_file_per_image_until_its_last_trace_is_released(tmp_pat
         store.image(red.sha256)
     with pytest.raises(ValueError, match="not a hex sha256"):
         store.image("../../etc/passwd")
+
+
+def test_a_temporary_store_makes_its_directory_at_its_first_image_and_removes_it_after() -> None:
+    """A text-only server (most runs) leaves no directory behind, even when it is killed."""
+    store = ImageStore.temporary()
+    root = store.root
+    assert root.name.startswith("rftkit-images-") and not root.exists()
+    store.put(image_from_url(data_url(image_bytes((0, 200, 0))), LIMITS), trace_key("job", "r1"))
+    assert root.is_dir()
+    del store
+    gc.collect()
+    assert not root.exists()
