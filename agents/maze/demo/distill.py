@@ -1,9 +1,10 @@
 """Distillation on the maze, measured: from an ``rft demo`` run directory, the GRPO stage again with
 an evaluation every few steps, as GRPO alone, distillation alone, or both (docs/distillation.md).
 
-The teacher is the demo's final adapter on its tiny model; the student starts from the demo's warm
-start (``sft-adapter/``) with the demo's recipe, seed and rollouts per step, so the three modes differ
-only in the ``distillation`` section::
+The teacher is the demo's final adapter on its base model (the tiny model, or SmolLM2 with
+``--model smollm2``); the student starts from the demo's warm start (``sft-adapter/``) with the
+demo's recipe, seed and rollouts per step, so the three modes differ only in the ``distillation``
+section::
 
     python -m agents.maze.demo.distill DEMO_RUN --mode grpo --out OUT [--steps 40] [--eval-steps 5]
     python -m agents.maze.demo.distill --table OUT_GRPO OUT_DISTILL ... [--plot PNG]   # the docs' table
@@ -57,7 +58,8 @@ def run_mode(
         }
         distillation = MODES[mode]
         if distillation is not None:
-            teacher = {"teacher": demo_run / "model", "teacher_adapter": demo_run / "adapter"}
+            # The demo's base model (its tiny model's directory, or SmolLM2's) with its final adapter.
+            teacher = {"teacher": Path(str(config.model)), "teacher_adapter": demo_run / "adapter"}
             fields["distillation"] = {**teacher, **distillation}
         config = config.model_validate({**config.model_dump(), **fields})
         started = time.time()
