@@ -8,12 +8,16 @@ importance ratios to mean anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -72,6 +76,38 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@contextlib.contextmanager
+def _rft_serve(smollm2_dir: Path, engine: str, log_path: Path, vllm_python: str | None) -> Iterator[str]:
+    """`rft serve --model DIR --engine E` as a user runs it, its output in ``log_path``: its URL."""
+    port = _free_port()
+    command = [sys.executable, "-m", "handlers.cli", "serve", "--model", str(smollm2_dir), "--engine", engine]
+    command += ["--port", str(port), "--open-job", JOB, "--log-level", "warning", "--admin-key", ADMIN_KEY]
+    if vllm_python is not None:
+        # vLLM's dtype "auto" runs a float32 checkpoint in 16 bits; the learner's numbers are float32.
+        command += ["--vllm-python", vllm_python, "--dtype", "float32"]
+    with log_path.open("w") as log:
+        # Unbuffered: the endpoint line must reach the log file as soon as it is printed.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_for_endpoint(process, log_path)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(60)
+
+
+@pytest.fixture(scope="module")
+def vllm_serve(
+    smollm2_dir: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """One `rft serve --engine vllm` for the module (a vLLM start is its costliest part): its URL and
+    its output so far."""
+    log_path = tmp_path_factory.mktemp("serve-vllm") / "serve.log"
+    with _rft_serve(smollm2_dir, "vllm", log_path, vllm_python) as base:
+        yield base, log_path
+
+
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
     engine: str,
@@ -82,45 +118,66 @@ def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
 ) -> None:
     """The issue's done-when as a user runs it (`rft serve --model DIR --engine E`, one greedy chat),
     and the trace the server recorded (`/admin/take-trace`) holds the learner's own logprobs."""
-    port = _free_port()
-    command = [sys.executable, "-m", "handlers.cli", "serve", "--model", str(smollm2_dir), "--engine", engine]
-    command += ["--port", str(port), "--open-job", JOB, "--log-level", "warning", "--admin-key", ADMIN_KEY]
-    if engine == "vllm":
-        # vLLM's dtype "auto" runs a float32 checkpoint in 16 bits; the learner's numbers are float32.
-        command += ["--vllm-python", request.getfixturevalue("vllm_python"), "--dtype", "float32"]
-    log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        # Unbuffered: the endpoint line must reach the log file as soon as it is printed.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            _wait_for_endpoint(process, log_path)
-            base = f"http://127.0.0.1:{port}"
-            response = httpx.post(
-                f"{base}/v1/chat/completions",
-                headers={JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: "paris"},
-                json={
-                    "model": "default",
-                    "messages": [{"role": "user", "content": QUESTION}],
-                    "temperature": 0,
-                },
-                timeout=300,
-            )
-            assert response.status_code == 200, response.text
-            trace = httpx.post(
-                f"{base}/admin/take-trace",
-                json={"job_arn": JOB, "rollout_id": "paris"},
-                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                timeout=30,
-            ).json()
-        finally:
-            process.terminate()
-            process.wait(60)
+    with contextlib.ExitStack() as stack:
+        if engine == "vllm":
+            base = request.getfixturevalue("vllm_serve")[0]
+        else:
+            base = stack.enter_context(_rft_serve(smollm2_dir, engine, tmp_path / "serve.log", None))
+        response = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers={JOB_ARN_HEADER: JOB, TRAJECTORY_ID_HEADER: f"paris-{engine}"},
+            json={"model": "default", "messages": [{"role": "user", "content": QUESTION}], "temperature": 0},
+            timeout=300,
+        )
+        assert response.status_code == 200, response.text
+        trace = httpx.post(
+            f"{base}/admin/take-trace",
+            json={"job_arn": JOB, "rollout_id": f"paris-{engine}"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        ).json()
     assert "Paris" in response.json()["choices"][0]["message"]["content"]
     call = CallRecord.model_validate(trace["calls"][0])
     expected = teacher_forced_logprobs(learner_model, call)
     worst = max(abs(a - b) for a, b in zip(expected, call.completion_logprobs, strict=True))
     assert worst <= 1e-3, f"sampler and learner logprobs differ by {worst}"
+
+
+@pytest.mark.vllm
+def test_rft_serve_says_how_its_vllm_start_goes_and_a_second_serve_attaches_to_that_vllm(
+    vllm_serve: tuple[str, Path], smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """The vLLM start `rft serve` makes (tens of seconds) says its pid and log, the time so far every
+    ~10 s and when it is ready; a second `rft serve --vllm-url` attaches to that vLLM (LoRA, runtime
+    adapters, raw logprobs: every check passes) instead of starting one."""
+    printed = vllm_serve[1].read_text().splitlines()
+    output = "\n".join(printed)
+    first = re.fullmatch(
+        r"vLLM: started \(pid \d+, log \S+\.log\); waiting for (http://127\.0\.0\.1:\d+)/health",
+        printed[next(i for i, line in enumerate(printed) if line.startswith("vLLM: "))],
+    )
+    assert first is not None, output
+    waits = [line for line in printed if line.startswith("vLLM: still starting: ")]
+    assert waits and all(re.fullmatch(r"vLLM: still starting: \d+ s", line) for line in waits), output
+    ready = [line for line in printed if re.fullmatch(r"vLLM: ready in \d+ s", line)]
+    assert len(ready) == 1 and printed.index(ready[0]) > printed.index(waits[-1]), output
+    port = _free_port()
+    command = [sys.executable, "-u", "-m", "handlers.cli", "serve", "--engine", "vllm", "--vllm-url"]
+    command += [first.group(1), "--model", str(smollm2_dir), "--port", str(port)]
+    attached = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert attached.stdout is not None
+        again = []
+        for line in attached.stdout:
+            again.append(line.rstrip("\n"))
+            if line.startswith("Ctrl-C"):
+                break
+        text = "\n".join(again)
+        assert f"OpenAI-compatible endpoint: http://127.0.0.1:{port}" in text, text
+        assert "vLLM: started" not in text
+    finally:
+        attached.send_signal(signal.SIGINT)
+        assert attached.wait(timeout=120) == 0
 
 
 def _wait_for_endpoint(process: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -2,15 +2,15 @@
 LoRA), returning processed logprobs (`--logprobs-mode processed_logprobs`): `rft serve --vllm-url`
 refuses at start with a sentence that names each flag to add.
 
-One real vLLM start (about 20-40 s on two cores); attaching to a server with LoRA and raw logprobs
+One real vLLM start (about 20-40 s on two cores). Attaching to a server with LoRA and raw logprobs
 (the served-name adoption, the logprobs check passing) is tested against the module server of
-``test_vllm_engine.py``.
+``test_vllm_engine.py``, and `rft serve --vllm-url` attaching to the vLLM another `rft serve`
+started against the module server of ``test_smollm2.py`` (one vLLM start fewer in the suite).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -93,54 +93,3 @@ def test_rft_serve_refuses_a_vllm_without_lora_or_raw_logprobs_and_says_how_to_s
         "back with no logprob), and GRPO compares them with the learner's: restart it with "
         "`--logprobs-mode raw_logprobs` (vLLM's default)."
     ) in done.stdout, done.stdout
-
-
-def _serve(arguments: list[str]) -> subprocess.Popen[str]:
-    command = [sys.executable, "-u", "-m", "handlers.cli", "serve", "--port", "0", *arguments]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _lines_until_serving(process: subprocess.Popen[str]) -> list[str]:
-    """What the command printed until it serves (or ended)."""
-    assert process.stdout is not None
-    printed = []
-    for line in process.stdout:
-        printed.append(line.rstrip("\n"))
-        if line.startswith("Ctrl-C"):
-            break
-    return printed
-
-
-def _stop(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=120) == 0
-
-
-def test_rft_serve_says_how_its_vllm_start_goes_and_a_server_it_started_passes_the_attach_checks(
-    tiny_model_dir: Path, vllm_python: str
-) -> None:
-    """The vLLM start rftkit makes (tens of seconds) says its pid and log, the time so far every ~10 s
-    and when it is ready; a second `rft serve` attaches to that server (LoRA, runtime adapters, raw
-    logprobs: every check passes)."""
-    started = _serve(["--engine", "vllm", "--vllm-python", vllm_python, "--model", str(tiny_model_dir)])
-    try:
-        printed = _lines_until_serving(started)
-        output = "\n".join(printed)
-        first = re.fullmatch(
-            r"vLLM: started \(pid \d+, log \S+\.log\); waiting for (http://127\.0\.0\.1:\d+)/health",
-            printed[next(i for i, line in enumerate(printed) if line.startswith("vLLM: "))],
-        )
-        assert first is not None, output
-        waits = [line for line in printed if line.startswith("vLLM: still starting: ")]
-        assert waits and all(re.fullmatch(r"vLLM: still starting: \d+ s", line) for line in waits), output
-        ready = [line for line in printed if re.fullmatch(r"vLLM: ready in \d+ s", line)]
-        assert len(ready) == 1 and printed.index(ready[0]) > printed.index(waits[-1]), output
-        attached = _serve(["--engine", "vllm", "--vllm-url", first.group(1), "--model", str(tiny_model_dir)])
-        try:
-            again = "\n".join(_lines_until_serving(attached))
-            assert "OpenAI-compatible endpoint: http://127.0.0.1:" in again, again
-            assert "vLLM: started" not in again
-        finally:
-            _stop(attached)
-    finally:
-        _stop(started)

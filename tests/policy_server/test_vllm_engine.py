@@ -56,31 +56,27 @@ def _gateway_over_vllm(engine: VLLMEngine) -> Iterator[tuple[PolicyServer, Serve
         thread.stop()
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir: Path, vllm_python: str) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    engine = VLLMEngine(
-        tiny_model_dir, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32", cpu_build=True
-    )
-    with _gateway_over_vllm(engine) as (server, thread):
-        server.open_job(JOB, max_tokens=64)
-        yield server, thread
-
-
 # Calls this long take minutes to play out on this CPU, so clients that leave a few seconds in
 # always leave mid-call, however slowly a loaded machine answers the test's own polls of vLLM.
 LONG_CALL_TOKENS = 30_000
 
 
 @pytest.fixture(scope="module")
-def long_context_vllm(
-    tmp_path_factory: pytest.TempPathFactory, vllm_python: str
+def vllm_server(
+    tiny_model_dir: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[PolicyServer, ServerThread]]:
-    """The tiny model with a 32k-token context, behind its own vLLM and gateway."""
-    model_dir = build_tiny_model(
+    """The tiny model served with a 32k-token context, so that the module's one vLLM server also
+    holds the abort test's long calls (a vLLM start costs more than any test here). Its weights and
+    tokenizer are the suite's tiny model's, byte for byte, so the tests compare with that model."""
+    served = build_tiny_model(
         tmp_path_factory.mktemp("long-context") / "model", max_position_embeddings=32_768
     )
-    with _gateway_over_vllm(VLLMEngine(model_dir, python=vllm_python, dtype="float32")) as served:
-        yield served
+    for name in ("model.safetensors", "tokenizer.json", "chat_template.jinja"):
+        assert (served / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+    engine = VLLMEngine(served, python=vllm_python, max_lora_rank=LORA_RANK, dtype="float32", cpu_build=True)
+    with _gateway_over_vllm(engine) as (server, thread):
+        server.open_job(JOB, max_tokens=64)
+        yield server, thread
 
 
 def client_for(thread: ServerThread, rollout_id: str) -> openai.OpenAI:
@@ -358,16 +354,16 @@ def _vllm_metric(engine: VLLMEngine, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_abandoned_calls_are_aborted_in_vllm(long_context_vllm: tuple[PolicyServer, ServerThread]) -> None:
+def test_abandoned_calls_are_aborted_in_vllm(vllm_server: tuple[PolicyServer, ServerThread]) -> None:
     """A client that leaves cancels its forwarded request, so vLLM stops generating for it.
 
     The clients leave as soon as every call has reached vLLM (its own counters say so), and vLLM's
-    token counter says what it generated after they left. With 1,500-token calls on the 2k-context
+    token counter says what it generated after they left. With 1,500-token calls on a 2k-context
     model the clients sometimes left too late in the full suite: on a loaded machine vLLM's API
     server answered one poll of /metrics after 7.5 s (its CPU build's spin-waiting processes take
     the cores), and by then every call had ended. 30,000-token calls leave minutes of margin.
     """
-    server, thread = long_context_vllm
+    server, thread = vllm_server
     engine = server.engine
     assert isinstance(engine, VLLMEngine)
     job, calls, max_tokens = f"{JOB}-drop", 8, LONG_CALL_TOKENS
