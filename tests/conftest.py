@@ -14,29 +14,28 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # `make test` runs the suite on two pytest-xdist workers, a file at a time (`--dist loadfile`, so a
 # module's vLLM server starts once), handing files out in collection order (`--no-loadscope-reorder`).
 # The longest files go first, so the last minutes are not one long file running beside an idle
-# worker. Seconds each took in a two-worker run of the whole suite on 2 cores (pytest --durations=0,
+# worker. Seconds each took in a two-worker run of the whole suite on 2 cores (per-test wall times,
 # docs/development.md):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # 343: the visual quick run on Ray, its warm start ~175 of it
-    "trainer/test_demo.py",  # 211 (148 alone: the Ray run beside it takes more than its core)
-    "trainer/test_family_matrix.py",  # 166: five warm starts, five hf and three vLLM GRPO runs
-    "trainer/test_resume.py",  # 86
-    "trainer/test_fsdp_learner.py",  # 78: two- and one-process learners, a killed and a hung rank
-    "trainer/test_ray_learner.py",  # 75
-    "trainer/test_smollm2_training.py",  # 74
-    "policy_server/test_vllm_vision.py",  # 72
-    "policy_server/test_vllm_attach.py",  # 70 (two vLLM starts)
-    "policy_server/test_vllm_engine.py",  # 70 (two vLLM starts)
-    "policy_server/test_vllm_qwen3_vl.py",  # 69
-    "bench/test_device_check.py",  # 68
-    "trainer/test_ray_replicas.py",  # 47
-    "trainer/test_family_matrix_maze.py",  # 43: one warm start, an hf and a vLLM GRPO run
-    "policy_server/test_smollm2.py",  # 38
-    "policy_server/test_engines_tool_calls.py",  # 34
-    "trainer/test_train_integration.py",  # 34
-    "trainer/test_export_vllm.py",  # 31
-    "policy_server/test_vllm_reasoning.py",  # 28
-    "policy_server/test_gemma4_serving.py",  # 28
+    "trainer/test_demo_vision.py",  # 370: the visual quick run in one process, its warm start ~175 of it
+    "trainer/test_demo.py",  # 174
+    "trainer/test_family_matrix.py",  # 184: five warm starts, five hf and three vLLM GRPO runs
+    "trainer/test_resume.py",  # 114
+    "trainer/test_smollm2_training.py",  # 98
+    "policy_server/test_vllm_qwen3_vl.py",  # 93
+    "bench/test_device_check.py",  # 82
+    "policy_server/test_vllm_vision.py",  # 76
+    "trainer/test_ray_learner.py",  # 70
+    "trainer/test_fsdp_learner.py",  # 65: two- and one-process learners, a killed and a hung rank
+    "trainer/test_ray_replicas.py",  # 50
+    "trainer/test_family_matrix_maze.py",  # 50: one warm start, an hf and a vLLM GRPO run
+    "policy_server/test_vllm_attach.py",  # 49
+    "policy_server/test_vllm_engine.py",  # 43
+    "policy_server/test_smollm2.py",  # 42
+    "policy_server/test_engines_tool_calls.py",  # 37
+    "policy_server/test_vllm_reasoning.py",  # 37
+    "trainer/test_export_vllm.py",  # 32
+    "policy_server/test_gemma4_serving.py",  # 32
 )
 
 
