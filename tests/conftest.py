@@ -17,25 +17,25 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (per-test wall times,
 # docs/development.md):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # 370: the visual quick run in one process, its warm start ~175 of it
-    "trainer/test_demo.py",  # 174
-    "trainer/test_family_matrix.py",  # 184: five warm starts, five hf and three vLLM GRPO runs
-    "trainer/test_resume.py",  # 114
-    "trainer/test_smollm2_training.py",  # 98
-    "policy_server/test_vllm_qwen3_vl.py",  # 93
-    "bench/test_device_check.py",  # 82
-    "policy_server/test_vllm_vision.py",  # 76
-    "trainer/test_ray_learner.py",  # 70
-    "trainer/test_fsdp_learner.py",  # 65: two- and one-process learners, a killed and a hung rank
-    "trainer/test_ray_replicas.py",  # 50
-    "trainer/test_family_matrix_maze.py",  # 50: one warm start, an hf and a vLLM GRPO run
-    "policy_server/test_vllm_attach.py",  # 49
-    "policy_server/test_vllm_engine.py",  # 43
-    "policy_server/test_smollm2.py",  # 42
-    "policy_server/test_engines_tool_calls.py",  # 37
-    "policy_server/test_vllm_reasoning.py",  # 37
-    "trainer/test_export_vllm.py",  # 32
-    "policy_server/test_gemma4_serving.py",  # 32
+    "trainer/test_demo_vision.py",  # 348: the visual quick run on Ray, its warm start ~175 of it
+    "trainer/test_demo.py",  # 178 (148 alone: the Ray run beside it takes more than its core)
+    "trainer/test_family_matrix.py",  # 182: five warm starts, five hf and three vLLM GRPO runs
+    "trainer/test_resume.py",  # 93
+    "trainer/test_smollm2_training.py",  # 74
+    "trainer/test_ray_learner.py",  # 72
+    "bench/test_device_check.py",  # 69
+    "policy_server/test_vllm_qwen3_vl.py",  # 63
+    "trainer/test_fsdp_learner.py",  # 63: two- and one-process learners, a killed and a hung rank
+    "policy_server/test_vllm_vision.py",  # 55
+    "trainer/test_ray_replicas.py",  # 49
+    "trainer/test_family_matrix_maze.py",  # 48: one warm start, an hf and a vLLM GRPO run
+    "policy_server/test_smollm2.py",  # 43: one vLLM start, also the attach checks
+    "policy_server/test_vllm_attach.py",  # 40
+    "policy_server/test_engines_tool_calls.py",  # 34
+    "policy_server/test_gemma4_serving.py",  # 33
+    "policy_server/test_vllm_reasoning.py",  # 32
+    "policy_server/test_vllm_engine.py",  # 31: one vLLM start for every test
+    "trainer/test_export_vllm.py",  # 26
 )
 
 
