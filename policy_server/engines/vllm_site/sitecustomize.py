@@ -27,16 +27,20 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypedDict
 
 TORCHVISION_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 PIL_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+PROCESSING_MODULE = "transformers.processing_utils"
 VIDEO = "video_processor"
 CPU_LORA_OPS_ENV = "RFTKIT_CPU_LORA_OPS"
 
 
 def _torchvision_missing() -> bool:
+    if importlib.util.find_spec("torchvision") is None:
+        return True
     try:
         importlib.import_module("torchvision")
     except Exception:  # any failure: missing, or a wheel built for another torch
@@ -44,19 +48,62 @@ def _torchvision_missing() -> bool:
     return False
 
 
-class _PilImageProcessing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves the torchvision image-processing module's name with the PIL one."""
+def _has_pil_image_processing() -> bool:
+    """Whether transformers ships the PIL image processor, looked up in its files: importing
+    ``transformers.models.qwen2_vl`` from inside an import of transformers could import this one."""
+    transformers = importlib.util.find_spec("transformers")
+    locations = (transformers.submodule_search_locations or []) if transformers else []
+    relative = Path(*PIL_MODULE.split(".")[1:]).with_suffix(".py")
+    return any((Path(location) / relative).is_file() for location in locations)
+
+
+class _WithoutTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the torchvision image-processing module's name with the PIL one, and loads
+    ``transformers.processing_utils`` with its own loader, then builds processors without video.
+
+    Decided at the first import of either module, not at start-up: the check imports transformers
+    (and torchvision where it is installed), seconds in every process of the environment, vLLM's
+    resource tracker too, most of which never process an image.
+    """
+
+    def __init__(self) -> None:
+        self._needed: bool | None = None
+        self._loader: importlib.abc.Loader | None = None
+
+    def needed(self) -> bool:
+        """Whether transformers has to do without torchvision here (checked once)."""
+        if self._needed is None:
+            self._needed = False  # while checking: an import the check makes loads as usual
+            self._needed = _torchvision_missing() and _has_pil_image_processing()
+        return self._needed
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        return importlib.util.spec_from_loader(fullname, self) if fullname == TORCHVISION_MODULE else None
+        if fullname == TORCHVISION_MODULE and self.needed():
+            return importlib.util.spec_from_loader(fullname, self)
+        if fullname == PROCESSING_MODULE and self.needed():
+            for finder in (finder for finder in sys.meta_path if finder is not self):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None and spec.loader is not None:
+                    self._loader = spec.loader
+                    spec.loader = self
+                    return spec
+        return None
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(PIL_MODULE)
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        if spec.name == TORCHVISION_MODULE:
+            return importlib.import_module(PIL_MODULE)
+        assert self._loader is not None
+        return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        module.Qwen2VLImageProcessor = module.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
+        if module.__name__ == PIL_MODULE:  # served under the torchvision module's name
+            module.Qwen2VLImageProcessor = module.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
+            return
+        assert self._loader is not None
+        self._loader.exec_module(module)
+        _processors_without_video(module)
 
 
 class _NoVideoKwargs(TypedDict, total=False):
@@ -85,9 +132,7 @@ class _NoVideoProcessor:
         raise ValueError("Video inputs need torchvision, which this vLLM environment lacks; send images.")
 
 
-def _processors_without_video() -> None:
-    from transformers import processing_utils
-
+def _processors_without_video(processing_utils: ModuleType) -> None:
     mixin = processing_utils.ProcessorMixin
     attributes = mixin.get_attributes.__func__
     check = mixin.check_argument_for_proper_class
@@ -110,16 +155,7 @@ def _processors_without_video() -> None:
     mixin.__init__ = init_without_video
 
 
-def _has_pil_image_processing() -> bool:
-    try:
-        return importlib.util.find_spec(PIL_MODULE) is not None
-    except ImportError:  # no transformers, or one without the PIL image processors
-        return False
-
-
-if _torchvision_missing() and _has_pil_image_processing():
-    sys.meta_path.insert(0, _PilImageProcessing())
-    _processors_without_video()
+sys.meta_path.insert(0, _WithoutTorchvision())
 
 # Set by the vLLM engine for vLLM's CPU build: LoRA ops without a weight copy per token.
 if os.environ.get(CPU_LORA_OPS_ENV) == "1":
