@@ -19,7 +19,8 @@ pytestmark = pytest.mark.vllm
 AT_START = textwrap.dedent(
     """
     import json, sys
-    print(json.dumps(sorted(name for name in ("torch", "transformers", "torchvision") if name in sys.modules)))
+    heavy = ("torch", "transformers", "torchvision")
+    print(json.dumps(sorted(name for name in heavy if name in sys.modules)))
     """
 )
 
