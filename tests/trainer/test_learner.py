@@ -121,6 +121,39 @@ def test_kl_reference_is_the_warm_start_adapter(tiny_model_dir: Path, tmp_path: 
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
 
 
+def test_a_batchs_later_passes_take_its_reference_logprobs_from_the_first(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """num_iterations passes on one batch run the reference pass once per micro-batch (TRL: once per
+    generation batch) and step exactly as passes that compute it again (fresh copies of the batch)."""
+    trained = _learner(tiny_model_dir)
+    trained.train_step(_sequences(trained, [1.0, -1.0]))
+    saved = trained.save_adapter(tmp_path / "sft")
+    kept, again = (_learner(tiny_model_dir, init_adapter=saved, beta=0.1) for _ in range(2))
+    kept.micro_batch_tokens = again.micro_batch_tokens = 40
+    passes = {"kept": 0, "again": 0}
+    for name, learner in (("kept", kept), ("again", again)):
+        compute = learner._reference_logprobs
+
+        def counted(*args: Any, _name: str = name, _compute: Any = compute) -> torch.Tensor:
+            passes[_name] += 1
+            return _compute(*args)
+
+        learner._reference_logprobs = counted  # type: ignore[method-assign]
+    sequences = _sequences(kept, [1.0, -1.0, 0.5, -0.5])
+    for seed in range(3):
+        ours, theirs = kept.train_step(sequences, seed=seed), again.train_step(copy.deepcopy(sequences), seed=seed)
+        assert ours.metrics == theirs.metrics
+    micro_batches = int(ours.metrics["micro_batches"])
+    assert micro_batches > 1 and ours.metrics["kl"] > 1e-6
+    assert passes == {"kept": micro_batches, "again": 3 * micro_batches}
+    a, b = kept.adapter_state(), again.adapter_state()
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    # The next batch (other sequence objects) is scored against the reference afresh.
+    kept.train_step(_sequences(kept, [1.0, -1.0], seed=1), seed=3)
+    assert passes["kept"] > micro_batches
+
+
 @pytest.mark.parametrize("episodes", [None, ["a", "b", "a", "b"]], ids=["call-per-episode", "split-episodes"])
 def test_micro_batches_accumulate_to_the_full_batch_gradient(
     tiny_model_dir: Path, episodes: list[str] | None

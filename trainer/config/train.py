@@ -153,7 +153,8 @@ class TrainConfig(_Section):
         default=0.0,
         ge=0,
         description="KL coefficient against the reference policy: init_adapter when set (the warm "
-        "start), else the base model (adapter disabled); 0 skips the KL pass.",
+        "start), else the base model (adapter disabled); 0 skips the KL pass, which otherwise runs once "
+        "per batch, its num_iterations passes sharing it (as TRL's).",
     )
     distillation: DistillationConfig | None = Field(default=None, description=DISTILLATION_FIELD)
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range of the importance ratio.")

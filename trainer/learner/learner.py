@@ -40,6 +40,7 @@ from trainer.algo.sequences import (
 )
 from trainer.learner.batch_images import scorable
 from trainer.learner.model import TRAINED_ADAPTER, build_model, rng_devices
+from trainer.learner.reference import ReferenceCache
 from trainer.learner.steps import (
     GradientSums,
     StepResult,
@@ -112,6 +113,7 @@ class Learner:
             num_training_steps=config.max_steps * config.num_iterations,
         )
         self._transform = logit_transform(self.model.config)
+        self._reference_cache = ReferenceCache()
         self.steps_done = 0
         self.steps_skipped = 0
 
@@ -265,7 +267,11 @@ class Learner:
         if seed is not None:
             torch.manual_seed(micro_batch_seed(seed, index))
         batch, vision = self.batch_inputs(micro)
-        ref_logprobs = self._reference_logprobs(batch, vision) if self.config.beta > 0.0 else None
+        ref_logprobs = None
+        if self.config.beta > 0.0:
+            ref_logprobs = self._reference_cache.logprobs(
+                index, micro, lambda: self._reference_logprobs(batch, vision)
+            )
         logprobs, entropy = self.token_logprobs(batch, vision)
         old = None
         if old_by_sequence is not None:
@@ -293,6 +299,7 @@ class Learner:
         totals = StepTotals.of(sequences)
         total_tokens = totals.tokens
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
+        self._reference_cache.start(sequences)
         old_by_sequence = None
         if old_logprobs is not None:
             old_by_sequence = {id(seq): lp for seq, lp in zip(sequences, old_logprobs, strict=True)}
