@@ -142,7 +142,8 @@ def test_a_batchs_later_passes_take_its_reference_logprobs_from_the_first(
         learner._reference_logprobs = counted  # type: ignore[method-assign]
     sequences = _sequences(kept, [1.0, -1.0, 0.5, -0.5])
     for seed in range(3):
-        ours, theirs = kept.train_step(sequences, seed=seed), again.train_step(copy.deepcopy(sequences), seed=seed)
+        ours = kept.train_step(sequences, seed=seed)
+        theirs = again.train_step(copy.deepcopy(sequences), seed=seed)
         assert ours.metrics == theirs.metrics
     micro_batches = int(ours.metrics["micro_batches"])
     assert micro_batches > 1 and ours.metrics["kl"] > 1e-6
