@@ -213,6 +213,7 @@ class Learner:
             raise ValueError("train_step needs at least one sequence")
         if old_logprobs is not None and len(old_logprobs) != len(sequences):
             raise ValueError(f"{len(old_logprobs)} old logprob rows for {len(sequences)} sequences")
+        self._reference_cache.start(sequences)
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             return self._train_step(sequences, old_logprobs, seed)
 
@@ -299,7 +300,6 @@ class Learner:
         totals = StepTotals.of(sequences)
         total_tokens = totals.tokens
         micro_batches = micro_batches_by_token_budget(sequences, self.micro_batch_tokens)
-        self._reference_cache.start(sequences)
         old_by_sequence = None
         if old_logprobs is not None:
             old_by_sequence = {id(seq): lp for seq, lp in zip(sequences, old_logprobs, strict=True)}
