@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.vllm_parsers import VLLMParsers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,6 +115,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
     rank = {REPO_ROOT / "tests" / name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+
+
+@pytest.fixture(scope="session")
+def vllm_parsers(vllm_python: str) -> Iterator[VLLMParsers]:
+    """vLLM's own parsers of a family, one process of vLLM's environment for the worker's session."""
+    parsers = VLLMParsers(vllm_python)
+    try:
+        yield parsers
+    finally:
+        parsers.close()
 
 
 @pytest.fixture(scope="session")

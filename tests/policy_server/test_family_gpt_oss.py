@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from policy_server.models.families import family, family_of
 from policy_server.models.families.gpt_oss import parse_harmony
 from policy_server.models.harmony_vocabulary import harmony_vocabulary_dir
 from policy_server.models.tiny_gpt_oss import HARMONY_TOKENS
+from tests.vllm_parsers import VLLMParsers
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 GPT_OSS = family("gpt_oss")
@@ -278,7 +277,7 @@ COMPLETIONS = [
 
 @pytest.mark.vllm
 def test_the_parse_reads_the_templates_calls_and_the_models_own_form_as_vllm_does(
-    tiny_gpt_oss: Path, harmony_vocabulary: Path, vllm_python: str
+    tiny_gpt_oss: Path, harmony_vocabulary: Path, vllm_parsers: VLLMParsers
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_gpt_oss)
     messages = [{"role": "user", "content": "Weather in Lima and Oslo?"}]
@@ -307,17 +306,7 @@ def test_the_parse_reads_the_templates_calls_and_the_models_own_form_as_vllm_doe
         "reasoning_parser": GPT_OSS.vllm_reasoning_parser,
         "cases": [{"text": text} for text in texts],
     }
-    script = Path(__file__).with_name("vllm_family_parse.py")
-    done = subprocess.run(
-        [vllm_python, str(script)],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for text, theirs in zip(texts, json.loads(done.stdout), strict=True):
+    for text, theirs in zip(texts, vllm_parsers(job), strict=True):
         ours = parse_harmony(text)
         calls = [[call["function"]["name"], call["function"]["arguments"]] for call in ours.tool_calls]
         assert (ours.reasoning_content, ours.content, calls) == (

@@ -4,7 +4,6 @@ and control tokens, and its parse reads completions as vLLM's own gemma4 parsers
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from policy_server.models.families import family, family_of
+from tests.vllm_parsers import VLLMParsers
 
 GEMMA4 = family("gemma4")
 HERE = Path(__file__).resolve().parent
@@ -195,7 +195,7 @@ def _completions(tokenizer: Any) -> list[str]:
 
 @pytest.mark.vllm
 def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
-    gemma4_dir: Path, tokenizer: Any, vllm_python: str
+    gemma4_dir: Path, tokenizer: Any, vllm_parsers: VLLMParsers
 ) -> None:
     texts = [
         *_completions(tokenizer),
@@ -209,22 +209,9 @@ def test_vllm_gemma4_parsers_read_rendered_calls_as_this_family_does(
         for text in texts
         for tools in ([WEATHER, ADD], None)
     ]
-    answer = subprocess.run(
-        [vllm_python, str(HERE / "vllm_family_parse.py")],
-        input=json.dumps(
-            {
-                "model_dir": str(gemma4_dir),
-                "tool_parser": "gemma4",
-                "reasoning_parser": "gemma4",
-                "cases": cases,
-            }
-        ),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
+    theirs = vllm_parsers(
+        {"model_dir": str(gemma4_dir), "tool_parser": "gemma4", "reasoning_parser": "gemma4", "cases": cases}
     )
-    theirs = json.loads(answer.stdout)
     ours = []
     for case in cases:
         parsed = GEMMA4.with_tools(case["tools"]).parse(

@@ -5,7 +5,6 @@ template) and its parsing, which must return the fields vLLM 0.32's ``qwen3_code
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from policy_server.models.families import family, family_of, parsing_family, resolve_parsers
 from policy_server.models.families.qwen3_5 import FAMILY as QWEN3_5
 from policy_server.models.tiny_qwen3_5 import layer_types
+from tests.vllm_parsers import VLLMParsers
 
 
 def _xml_call(name: str, **arguments: str) -> str:
@@ -209,25 +209,21 @@ def _rendered_call(tokenizer: Any) -> str:
     return text.split("<|im_start|>assistant\n<think>\n", 1)[1].removesuffix("<|im_end|>\n")
 
 
-def _vllm_parse(vllm_python: str, model_dir: Path, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _vllm_parse(
+    vllm_parsers: VLLMParsers, model_dir: Path, cases: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     job = {
         "model_dir": str(model_dir),
         "tool_parser": "qwen3_coder",
         "reasoning_parser": "qwen3",
         "cases": cases,
     }
-    script = Path(__file__).with_name("vllm_family_parse.py")
-    done = subprocess.run(
-        [vllm_python, str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    parsed: list[dict[str, Any]] = json.loads(done.stdout)
-    return parsed
+    return vllm_parsers(job)
 
 
 @pytest.mark.vllm
 def test_the_parse_returns_what_vllms_qwen3_coder_and_qwen3_parsers_return(
-    qwen3_5_dir: Path, vllm_python: str
+    qwen3_5_dir: Path, vllm_parsers: VLLMParsers
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(qwen3_5_dir)
     cases = []
@@ -236,7 +232,7 @@ def test_the_parse_returns_what_vllms_qwen3_coder_and_qwen3_parsers_return(
         for tools in ([WEATHER], None):
             for thinking in (True, False):
                 cases.append({"ids": ids, "tools": tools, "enable_thinking": thinking})
-    theirs = _vllm_parse(vllm_python, qwen3_5_dir, cases)
+    theirs = _vllm_parse(vllm_parsers, qwen3_5_dir, cases)
     for case, vllm in zip(cases, theirs, strict=True):
         parsing = QWEN3_5.parsing_for({"enable_thinking": case["enable_thinking"]}).with_tools(case["tools"])
         ours = parsing.parse(tokenizer, case["ids"], tools=case["tools"] is not None)

@@ -4,7 +4,6 @@ must return the fields vLLM's own ``qwen3`` reasoning and ``hermes`` tool-call p
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from policy_server.models.families import family, family_of
 from policy_server.models.families.qwen3 import FAMILY as QWEN3
+from tests.vllm_parsers import VLLMParsers
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 SECOND = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -148,7 +148,7 @@ def _cases(tokenizer: Any) -> list[dict[str, Any]]:
 
 @pytest.mark.vllm
 def test_the_parse_returns_what_vllms_qwen3_and_hermes_parsers_return(
-    qwen3_dir: Path, vllm_python: str
+    qwen3_dir: Path, vllm_parsers: VLLMParsers
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(qwen3_dir)
     cases = _cases(tokenizer)
@@ -158,12 +158,7 @@ def test_the_parse_returns_what_vllms_qwen3_and_hermes_parsers_return(
         "reasoning_parser": "qwen3",
         "cases": [{k: v for k, v in c.items() if k != "text"} for c in cases],
     }
-    script = Path(__file__).with_name("vllm_family_parse.py")
-    done = subprocess.run(
-        [vllm_python, str(script)], input=json.dumps(job), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    for case, theirs in zip(cases, json.loads(done.stdout), strict=True):
+    for case, theirs in zip(cases, vllm_parsers(job), strict=True):
         family_parse = QWEN3.parsing_for({"enable_thinking": case["enable_thinking"]})
         ours = family_parse.parse(tokenizer, case["ids"], tools=case["tools"] is not None)
         mine = {

@@ -8,9 +8,6 @@ hermes parser (the family's) reads a call rendered by the family's template back
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from policy_server.models.families import family
 from policy_server.running import ServerThread
 from policy_server.server import PolicyServer
 from tests.vision_helpers import picture_episode
+from tests.vllm_parsers import VLLMParsers
 from trainer.algo.sequences import build_sequences
 from trainer.config import TrainConfig
 from trainer.learner.learner import Learner
@@ -106,7 +104,7 @@ def test_vllm_image_episodes_match_the_learner_before_and_after_a_hot_loaded_ste
 
 @pytest.mark.vllm
 def test_vllms_hermes_parser_reads_calls_the_template_rendered_back(
-    qwen3_vl_dir: Path, vllm_python: str
+    qwen3_vl_dir: Path, vllm_parsers: VLLMParsers
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -131,23 +129,14 @@ def test_vllms_hermes_parser_reads_calls_the_template_rendered_back(
         "reasoning_parser": QWEN3_VL.vllm_reasoning_parser,
         "cases": [{"text": text, "tools": [move]} for text in texts],
     }
-    script = Path(__file__).with_name("vllm_family_parse.py")
-    done = subprocess.run(
-        [vllm_python, str(script)],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = vllm_parsers(job)
     expected = [
         [["move", '{"d": "up"}']],
         [["move", '{"d": "left"}']],
         [["move", '{"d": "up"}'], ["move", '{"d": "left"}']],
     ]
-    assert [result["tool_calls"] for result in json.loads(done.stdout)] == expected
-    for text, result in zip(texts, json.loads(done.stdout), strict=True):
+    assert [result["tool_calls"] for result in theirs] == expected
+    for text, result in zip(texts, theirs, strict=True):
         ours = QWEN3_VL.parse_text(text, tools=True)
         assert [[call["function"]["name"], call["function"]["arguments"]] for call in ours.tool_calls] == (
             result["tool_calls"]

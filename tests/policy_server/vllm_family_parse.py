@@ -1,18 +1,24 @@
 """Run with vLLM's python: parse completions with vLLM's own tool-call and reasoning parsers of a family.
 
-Reads ``{"model_dir": ..., "tool_parser": ..., "reasoning_parser": ..., "harmony": bool (optional),
-"cases": [{"ids": [...] or "text": "...", "tools": [...] | null (optional), "enable_thinking": bool
-(optional)}]}`` on stdin and writes one ``{"reasoning", "content", "tool_calls": [[name, arguments]]}``
-per case, as vLLM's chat-completions server builds them with ``--reasoning-parser R --tool-call-parser
-T --enable-auto-tool-choice`` (no server: the same composed parser class). A case's ``ids`` are
-decoded with the special tokens kept, as the parsers' ``adjust_request`` asks; a ``text`` is encoded
-with the model's tokenizer. ``harmony``: gpt-oss, which vLLM reads as o200k ids, so each text is
-encoded with openai-harmony's encoding (TIKTOKEN_ENCODINGS_BASE names the vocabulary's folder) and no
-``model_dir`` is needed.
+Reads jobs from stdin, one JSON line each: ``{"model_dir": ..., "tool_parser": ..., "reasoning_parser":
+..., "harmony": bool (optional), "environ": {name: value} (optional, set first), "cases": [{"ids": [...]
+or "text": "...", "tools": [...] | null (optional), "enable_thinking": bool (optional)}]}``; for each,
+writes one line ``ANSWER {"parsed": [...]}`` (or ``ANSWER {"error": traceback}``) with one
+``{"reasoning", "content", "tool_calls": [[name, arguments]]}`` per case, as vLLM's chat-completions
+server builds them with ``--reasoning-parser R --tool-call-parser T --enable-auto-tool-choice`` (no
+server: the same composed parser class). ``tests/vllm_parsers.py`` keeps one such process for a
+pytest worker.
+
+A case's ``ids`` are decoded with the special tokens kept, as the parsers' ``adjust_request`` asks; a
+``text`` is encoded with the model's tokenizer. ``harmony``: gpt-oss, which vLLM reads as o200k ids,
+so each text is encoded with openai-harmony's encoding (TIKTOKEN_ENCODINGS_BASE names the vocabulary's
+folder) and no ``model_dir`` is needed.
 """
 
 import json
+import os
 import sys
+import traceback
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -58,8 +64,11 @@ def _parse(job: dict[str, Any], tokenizer: Any, parser_cls: Any, case: dict[str,
     }
 
 
-def main() -> None:
-    job = json.load(sys.stdin)
+ANSWER = "ANSWER "  # vLLM logs to stdout too: the answers are the lines that start with this
+
+
+def parse_job(job: dict[str, Any]) -> list[dict[str, Any]]:
+    os.environ.update(job.get("environ", {}))
     if job.get("harmony"):
         tokenizer: Any = HarmonyTokenizer()
         extra: dict[str, Any] = {"is_harmony": True}
@@ -74,7 +83,16 @@ def main() -> None:
         enable_auto_tools=True,
         **extra,
     )
-    json.dump([_parse(job, tokenizer, parser_cls, case) for case in job["cases"]], sys.stdout)
+    return [_parse(job, tokenizer, parser_cls, case) for case in job["cases"]]
+
+
+def main() -> None:
+    for line in sys.stdin:
+        try:
+            answer: dict[str, Any] = {"parsed": parse_job(json.loads(line))}
+        except Exception:  # the test that sent the job shows it; the next job is parsed as usual
+            answer = {"error": traceback.format_exc()}
+        print(ANSWER + json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":
