@@ -2,10 +2,11 @@
 LoRA), returning processed logprobs (`--logprobs-mode processed_logprobs`): `rft serve --vllm-url`
 refuses at start with a sentence that names each flag to add.
 
-One real vLLM start (about 20 s on two cores; eager, as rftkit runs vLLM's CPU build). Attaching to a server with LoRA and raw logprobs
-(the served-name adoption, the logprobs check passing) is tested against the module server of
-``test_vllm_engine.py``, and `rft serve --vllm-url` attaching to the vLLM another `rft serve`
-started against the module server of ``test_smollm2.py`` (one vLLM start fewer in the suite).
+One real vLLM start (about 20 s on two cores; eager, as rftkit runs vLLM's CPU build). Attaching to a
+server with LoRA and raw logprobs (the served-name adoption, the logprobs check passing) is tested
+against the module server of ``test_vllm_engine.py``, and `rft serve --vllm-url` attaching to the vLLM
+another `rft serve` started against the module server of ``test_smollm2.py`` (one vLLM start fewer in
+the suite).
 """
 
 from __future__ import annotations
