@@ -22,13 +22,14 @@ from trainer.config import TokenPrices, TrainConfig
 
 # Two secrets x four games a step; the warm start's few opening calls teach the call format only
 # (240 steps at 5e-3 left each family's opening call well formed in 15-16 of 16 samples at
-# temperature 0.7; 80 at 1e-2 left 1-9 of 16, and 240 at 1e-2 diverged on llama). GRPO's steps are
-# small beside it, so one update does not break the format it learned.
+# temperature 0.7; 80 at 1e-2 left 1-9 of 16, and 240 at 1e-2 diverged on llama; 160 at 5e-3 plays
+# as 240 did, 120 broke qwen3_5's calls: docs/models.md). GRPO's steps are small beside it, so one
+# update does not break the format it learned.
 PLAN = WordlePlan(
     secret_pool=48,
     train_secrets=8,
     sft_games=16,
-    sft_steps=240,
+    sft_steps=160,
     sft_batch_size=2,
     sft_learning_rate=5e-3,
     grpo_steps=2,
