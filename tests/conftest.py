@@ -40,24 +40,6 @@ LONGEST_FIRST = (
     "trainer/test_faults.py",  # 26
     "policy_server/test_vllm_attach.py",  # 23
 )
-    "trainer/test_family_matrix.py",  # 182: five warm starts, five hf and three vLLM GRPO runs
-    "trainer/test_resume.py",  # 93
-    "trainer/test_smollm2_training.py",  # 74
-    "trainer/test_ray_learner.py",  # 72
-    "bench/test_device_check.py",  # 69
-    "policy_server/test_vllm_qwen3_vl.py",  # 63
-    "trainer/test_fsdp_learner.py",  # 63: two- and one-process learners, a killed and a hung rank
-    "policy_server/test_vllm_vision.py",  # 55
-    "trainer/test_ray_replicas.py",  # 49
-    "trainer/test_family_matrix_maze.py",  # 48: one warm start, an hf and a vLLM GRPO run
-    "policy_server/test_smollm2.py",  # 43: one vLLM start, also the attach checks
-    "policy_server/test_vllm_attach.py",  # 40
-    "policy_server/test_engines_tool_calls.py",  # 34
-    "policy_server/test_gemma4_serving.py",  # 33
-    "policy_server/test_vllm_reasoning.py",  # 32
-    "policy_server/test_vllm_engine.py",  # 31: one vLLM start for every test
-    "trainer/test_export_vllm.py",  # 26
-)
 
 
 def pytest_configure(config: pytest.Config) -> None:
