@@ -17,8 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # module's vLLM server starts once), handing files out in collection order (`--no-loadscope-reorder`).
 # The longest files go first, so the last minutes are not one long file running beside an idle
 # worker. Seconds each took in a two-worker run of the whole suite on 2 cores (per-test wall times,
-# docs/development.md). This order, nearly sorted, gave that run (907 s); sorted strictly by these
-# times, `make test` took 954 s (one run each: the spread between runs is 20-40 s).
+# docs/development.md). This order, nearly sorted, took 907 s and later 1,086 s, the same work 15%
+# more CPU time then (the machine's speed varies); strictly sorted, `make test` took 954 s between
+# them. Neither order is shown better.
 LONGEST_FIRST = (
     "trainer/test_demo_vision.py",  # 354: the visual quick run, its warm start ~175 of it
     "trainer/test_demo.py",  # 171
