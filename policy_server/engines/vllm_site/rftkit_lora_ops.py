@@ -8,19 +8,13 @@ ops here compute the same sums as one matrix product per adapter slot present in
 a training run), with the same indexing (a token's slot ``-1`` selects the last slot, as there), the
 same dtype casts and the same writes into the output.
 
-:func:`install` makes every later import of that module come with these ops in place, before the
-CPU punica wrapper and the package ``__init__`` take their names from it; ``sitecustomize`` calls
-it in the vLLM server processes rftkit starts on a CPU. Where the module lacks the ops it replaces
-(another vLLM), nothing changes.
+``sitecustomize`` puts them in that module (:func:`replace_ops`) at its first import in the vLLM
+server processes rftkit starts on a CPU, before the CPU punica wrapper and the package ``__init__``
+take their names from it. Where the module lacks the ops it replaces (another vLLM), nothing changes.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -104,34 +98,3 @@ def replace_ops(module: ModuleType) -> bool:
     for name in REPLACED:
         setattr(module, name, globals()[name])
     return True
-
-
-class _ReplaceAfterLoading(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Loads vLLM's ``lora_ops`` with its own loader, then replaces its ops."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != LORA_OPS_MODULE:
-            return None
-        others = [finder for finder in sys.meta_path if finder is not self]
-        for finder in others:
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                self._loader = spec.loader
-                spec.loader = self
-                return spec
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        replace_ops(module)
-
-
-def install() -> None:
-    """Replace the ops in every later import of vLLM's ``lora_ops`` in this process."""
-    if LORA_OPS_MODULE not in sys.modules and importlib.util.find_spec("vllm") is not None:
-        sys.meta_path.insert(0, _ReplaceAfterLoading())

@@ -27,7 +27,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypedDict
@@ -58,53 +58,75 @@ def _has_pil_image_processing() -> bool:
     return any((Path(location) / relative).is_file() for location in locations)
 
 
-class _WithoutTorchvision(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves the torchvision image-processing module's name with the PIL one, and loads
-    ``transformers.processing_utils`` with its own loader, then builds processors without video.
+class _PatchAfterLoading(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Loads module ``name`` with the loader Python would use, then calls ``patch(module)``: at its
+    first import, and only where ``when()`` is true then (otherwise it loads untouched)."""
 
-    Decided at the first import of either module, not at start-up: the check imports transformers
-    (and torchvision where it is installed), seconds in every process of the environment, vLLM's
-    resource tracker too, most of which never process an image.
-    """
+    def __init__(
+        self, name: str, patch: Callable[[ModuleType], object], when: Callable[[], bool] = lambda: True
+    ) -> None:
+        self.name = name
+        self.patch = patch
+        self.when = when
+        self._loader: importlib.abc.Loader | None = None
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name or not self.when():
+            return None
+        for finder in (finder for finder in sys.meta_path if finder is not self):
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                self._loader = spec.loader
+                spec.loader = self
+                return spec
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        assert self._loader is not None
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        assert self._loader is not None
+        self._loader.exec_module(module)
+        self.patch(module)
+
+
+class _WithoutTorchvision:
+    """Whether transformers has to do without torchvision here: checked once, at the first import of
+    a module that depends on it, not at start-up. The check imports transformers (and torchvision
+    where it is installed), seconds in every process of the environment, vLLM's resource tracker
+    too, most of which never process an image."""
 
     def __init__(self) -> None:
         self._needed: bool | None = None
-        self._loader: importlib.abc.Loader | None = None
 
-    def needed(self) -> bool:
-        """Whether transformers has to do without torchvision here (checked once)."""
+    def __call__(self) -> bool:
         if self._needed is None:
             self._needed = False  # while checking: an import the check makes loads as usual
             self._needed = _torchvision_missing() and _has_pil_image_processing()
         return self._needed
+
+
+class _PilImageProcessing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the torchvision image-processing module's name with the PIL one, where ``needed()``."""
+
+    def __init__(self, needed: Callable[[], bool]) -> None:
+        self.needed = needed
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname == TORCHVISION_MODULE and self.needed():
             return importlib.util.spec_from_loader(fullname, self)
-        if fullname == PROCESSING_MODULE and self.needed():
-            for finder in (finder for finder in sys.meta_path if finder is not self):
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None and spec.loader is not None:
-                    self._loader = spec.loader
-                    spec.loader = self
-                    return spec
         return None
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        if spec.name == TORCHVISION_MODULE:
-            return importlib.import_module(PIL_MODULE)
-        assert self._loader is not None
-        return self._loader.create_module(spec)
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(PIL_MODULE)
 
     def exec_module(self, module: ModuleType) -> None:
-        if module.__name__ == PIL_MODULE:  # served under the torchvision module's name
-            module.Qwen2VLImageProcessor = module.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
-            return
-        assert self._loader is not None
-        self._loader.exec_module(module)
-        _processors_without_video(module)
+        module.Qwen2VLImageProcessor = module.Qwen2VLImageProcessorPil  # type: ignore[attr-defined]
 
 
 class _NoVideoKwargs(TypedDict, total=False):
@@ -156,8 +178,13 @@ def _processors_without_video(processing_utils: ModuleType) -> None:
     mixin.__init__ = init_without_video
 
 
-sys.meta_path.insert(0, _WithoutTorchvision())
+_NEEDED = _WithoutTorchvision()
+sys.meta_path.insert(0, _PilImageProcessing(_NEEDED))
+sys.meta_path.insert(0, _PatchAfterLoading(PROCESSING_MODULE, _processors_without_video, when=_NEEDED))
 
-# Set by the vLLM engine for vLLM's CPU build: LoRA ops without a weight copy per token.
-if os.environ.get(CPU_LORA_OPS_ENV) == "1":
-    importlib.import_module("rftkit_lora_ops").install()  # beside this file, on vLLM's PYTHONPATH
+# Set by the vLLM engine for vLLM's CPU build: LoRA ops without a weight copy per token, in place
+# before the CPU punica wrapper and the package ``__init__`` take their names from vLLM's module.
+if os.environ.get(CPU_LORA_OPS_ENV) == "1" and importlib.util.find_spec("vllm") is not None:
+    _LORA_OPS = importlib.import_module("rftkit_lora_ops")  # beside this file, on vLLM's PYTHONPATH
+    if _LORA_OPS.LORA_OPS_MODULE not in sys.modules:
+        sys.meta_path.insert(0, _PatchAfterLoading(_LORA_OPS.LORA_OPS_MODULE, _LORA_OPS.replace_ops))
